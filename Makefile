@@ -1,0 +1,34 @@
+# featurelake: every target sets up .venv itself, so a fresh clone needs nothing else.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+HOME_DIR ?= $(CURDIR)/.featurelake
+export FEATURELAKE_HOME ?= $(HOME_DIR)
+export DAGSTER_HOME ?= $(FEATURELAKE_HOME)/dagster
+
+.PHONY: setup demo test ui bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/featurelake --home "$(FEATURELAKE_HOME)" demo
+
+test: setup
+	$(PY) -m pytest -q -n 2 --dist loadgroup
+
+ui: setup
+	mkdir -p "$(DAGSTER_HOME)"
+	$(VENV)/bin/dagster dev -w workspace.yaml
+
+bench: setup
+	$(PY) -m benchmarks
+
+clean:
+	rm -rf $(VENV) .featurelake .pytest_cache

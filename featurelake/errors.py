@@ -1,0 +1,109 @@
+"""The errors featurelake raises.
+
+Every bad input is rejected with one of these before anything is written, so a
+caller can catch ``FeatureLakeError`` and know the lake is unchanged.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+
+def _preview(values: Iterable[Any], limit: int = 5) -> str:
+    values = list(values)
+    shown = ", ".join(repr(v) for v in values[:limit])
+    more = len(values) - limit
+    return shown + (f" (and {more} more)" if more > 0 else "")
+
+
+class FeatureLakeError(Exception):
+    """Base class of every error featurelake raises on purpose."""
+
+
+class SchemaMismatchError(FeatureLakeError):
+    """Data does not fit the table's schema; ``fields`` names the offending fields."""
+
+    def __init__(self, message: str, fields: Iterable[str] = ()) -> None:
+        self.fields = list(fields)
+        super().__init__(message)
+
+
+class PrimaryKeyError(FeatureLakeError):
+    """Common base of the primary-key errors; ``keys`` holds a few example keys."""
+
+    def __init__(self, message: str, keys: Iterable[Any] = (), count: int | None = None) -> None:
+        self.keys = list(keys)
+        self.count = len(self.keys) if count is None else count
+        super().__init__(message)
+
+
+class NullKeyError(PrimaryKeyError):
+    """A primary-key column holds nulls."""
+
+
+class DuplicateKeyError(PrimaryKeyError):
+    """A key appears twice in the input, or already exists in the table."""
+
+
+class UnknownKeyError(PrimaryKeyError):
+    """A key to update is not in the table."""
+
+
+class BranchNotFoundError(FeatureLakeError):
+    """The branch, tag or snapshot named does not exist."""
+
+
+class TableNotFoundError(FeatureLakeError):
+    """No table of that name exists in the catalog."""
+
+
+class TableExistsError(FeatureLakeError):
+    """A table of that name already exists."""
+
+
+class InvalidNameError(FeatureLakeError):
+    """A table, branch, tag or column name is not allowed."""
+
+
+class MergeConflictError(FeatureLakeError):
+    """Both sides of a merge changed the same data file and column.
+
+    ``conflicts`` is a list of (data file, column, reason) triples.
+    """
+
+    def __init__(self, message: str, conflicts: Iterable[tuple[str, str, str]] = ()) -> None:
+        self.conflicts = list(conflicts)
+        super().__init__(message)
+
+
+class CommitConflictError(FeatureLakeError):
+    """A concurrent writer changed what this commit depends on."""
+
+
+class QualityGateError(FeatureLakeError):
+    """A data-quality check failed, so the change was not merged."""
+
+
+class CorruptFileError(FeatureLakeError):
+    """A data or update file is missing or unreadable; ``path`` names it."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        self.path = path
+        super().__init__(message)
+
+
+__all__ = [
+    "FeatureLakeError",
+    "SchemaMismatchError",
+    "PrimaryKeyError",
+    "NullKeyError",
+    "DuplicateKeyError",
+    "UnknownKeyError",
+    "BranchNotFoundError",
+    "TableNotFoundError",
+    "TableExistsError",
+    "InvalidNameError",
+    "MergeConflictError",
+    "CommitConflictError",
+    "QualityGateError",
+    "CorruptFileError",
+]
