@@ -1,0 +1,166 @@
+"""The lake: a pyiceberg catalog plus a warehouse, and the tables in it.
+
+The embedded default keeps everything under one home folder (a SQLite
+SqlCatalog and a local warehouse), so a notebook, a test and the Dagster
+pipeline can share a lake without any server. Production points the same code
+at a PostgreSQL SqlCatalog or a REST catalog with object storage.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+import pyarrow as pa
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
+
+from featurelake.errors import InvalidNameError, TableExistsError, TableNotFoundError
+from featurelake.schema import build_partition_spec, iceberg_schema_from_arrow, table_properties
+
+if TYPE_CHECKING:
+    from featurelake.table import Table
+
+DEFAULT_HOME = ".featurelake"
+CATALOG_NAME = "featurelake"
+_NAME_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+def _split_name(name: str) -> tuple[str, str]:
+    parts = name.split(".")
+    if len(parts) != 2 or not all(_NAME_PART.match(p) for p in parts):
+        raise InvalidNameError(
+            f"table name {name!r} must be 'namespace.table' with letters, digits and underscores"
+        )
+    return parts[0], parts[1]
+
+
+class Lake:
+    """A featurelake lake: a catalog of Iceberg tables and sequence tables.
+
+    ``Lake(home)`` opens (creating on first use) the embedded lake under
+    ``home``. ``Lake.from_env()`` follows the deployment's environment.
+    """
+
+    def __init__(self, home: str | os.PathLike | None = None, *, catalog: Catalog | None = None) -> None:
+        if catalog is not None:
+            self.home: Path | None = Path(home).resolve() if home is not None else None
+            self.catalog = catalog
+            return
+        home = Path(home if home is not None else os.environ.get("FEATURELAKE_HOME", DEFAULT_HOME)).resolve()
+        warehouse = home / "warehouse"
+        warehouse.mkdir(parents=True, exist_ok=True)
+        self.home = home
+        self.catalog = _sql_catalog(f"sqlite:///{home / 'catalog.db'}", warehouse.as_uri())
+
+    @classmethod
+    def from_env(cls) -> "Lake":
+        """Open the lake the environment names.
+
+        ``FEATURELAKE_CATALOG_URI`` (an SQLAlchemy URL for a SqlCatalog, or an
+        ``http(s)://`` REST catalog) with ``FEATURELAKE_WAREHOUSE`` wins;
+        otherwise the embedded lake at ``FEATURELAKE_HOME`` (default
+        ``./.featurelake``).
+        """
+        uri = os.environ.get("FEATURELAKE_CATALOG_URI")
+        if not uri:
+            return cls(os.environ.get("FEATURELAKE_HOME", DEFAULT_HOME))
+        warehouse = os.environ.get("FEATURELAKE_WAREHOUSE")
+        return cls.from_uri(uri, warehouse)
+
+    @classmethod
+    def from_uri(cls, uri: str, warehouse: str | None = None, **properties: str) -> "Lake":
+        """Open a lake on a configured catalog (no home folder)."""
+        if uri.startswith(("http://", "https://")):
+            from pyiceberg.catalog.rest import RestCatalog
+
+            props = dict(properties, uri=uri)
+            if warehouse:
+                props["warehouse"] = warehouse
+            return cls(catalog=RestCatalog(CATALOG_NAME, **props))
+        if not warehouse:
+            raise ValueError("a SQL catalog needs a warehouse location (FEATURELAKE_WAREHOUSE)")
+        if "://" not in warehouse:
+            Path(warehouse).mkdir(parents=True, exist_ok=True)
+            warehouse = Path(warehouse).resolve().as_uri()
+        return cls(catalog=_sql_catalog(uri, warehouse, **properties))
+
+    # ------------------------------------------------------------------ tables
+    def create_table(
+        self,
+        name: str,
+        schema: pa.Schema,
+        primary_key: str | Sequence[str],
+        partition_by: Sequence[str] = (),
+        properties: dict[str, str] | None = None,
+    ) -> "Table":
+        """Create a sample table; the primary key becomes Iceberg identifier fields.
+
+        ``partition_by`` takes transforms such as ``day(ts)``,
+        ``bucket(16, user_id)`` or ``identity(region)``. Tables get slim
+        metadata: column statistics only for key and partition source columns.
+        """
+        from featurelake.table import Table
+
+        namespace, _ = _split_name(name)
+        keys = [primary_key] if isinstance(primary_key, str) else list(primary_key)
+        ice_schema = iceberg_schema_from_arrow(schema, keys)
+        spec = build_partition_spec(ice_schema, partition_by)
+        props = table_properties(ice_schema, keys, spec)
+        props.update(properties or {})
+        try:
+            self.catalog.create_namespace(namespace)
+        except NamespaceAlreadyExistsError:
+            pass
+        try:
+            ice = self.catalog.create_table(name, schema=ice_schema, partition_spec=spec, properties=props)
+        except TableAlreadyExistsError as e:
+            raise TableExistsError(f"table {name!r} already exists") from e
+        return Table(self, name, ice)
+
+    def table(self, name: str) -> "Table":
+        """Open an existing table."""
+        from featurelake.table import Table
+
+        _split_name(name)
+        try:
+            ice = self.catalog.load_table(name)
+        except NoSuchTableError as e:
+            raise TableNotFoundError(f"no table {name!r} in the lake") from e
+        return Table(self, name, ice)
+
+    def table_exists(self, name: str) -> bool:
+        _split_name(name)
+        return self.catalog.table_exists(name)
+
+    def tables(self) -> list[str]:
+        """Every table in the lake, as ``namespace.table``, sorted."""
+        names = []
+        for ns in self.catalog.list_namespaces():
+            for ident in self.catalog.list_tables(ns):
+                names.append(".".join(ident))
+        return sorted(names)
+
+    def drop_table(self, name: str) -> None:
+        """Remove a table from the catalog (its files stay until garbage collection)."""
+        _split_name(name)
+        try:
+            self.catalog.drop_table(name)
+        except NoSuchTableError as e:
+            raise TableNotFoundError(f"no table {name!r} in the lake") from e
+
+    def __repr__(self) -> str:
+        where = str(self.home) if self.home else getattr(self.catalog, "name", "?")
+        return f"Lake({where!r})"
+
+
+def _sql_catalog(uri: str, warehouse: str, **properties: str) -> Catalog:
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    props = {"uri": uri, "warehouse": warehouse}
+    if uri.startswith("sqlite"):
+        # One lake home is shared by the Dagster webserver, runs and notebooks.
+        props.setdefault("pool_pre_ping", "true")
+    props.update(properties)
+    return SqlCatalog(CATALOG_NAME, **props)

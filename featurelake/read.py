@@ -1,0 +1,403 @@
+"""The merge-on-read reader: data files plus their update files, vectorized in Arrow.
+
+Why not pyiceberg's own scan: it knows nothing of update files. This reader
+plans with pyiceberg (manifests, partition and metrics pruning), then reads
+each data file itself: base columns matched by Iceberg field id, the file's
+update layers applied in commit order (latest wins) with one ``take`` per
+column and chunk, then the residual filter on merged values. Only projected
+columns are read, and update files that do not touch the projection are never
+opened.
+
+Pruning may only use statistics that no update can have made stale
+(invariant 4): predicates on columns that have ever been updated are relaxed
+to ``true`` before planning and checked on merged values afterwards.
+"""
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyiceberg.expressions import (
+    AlwaysFalse,
+    AlwaysTrue,
+    And,
+    BooleanExpression,
+    BoundPredicate,
+    Not,
+    Or,
+)
+from pyiceberg.expressions.parser import parse as parse_expression
+from pyiceberg.expressions.visitors import bind, rewrite_not, translate_column_names
+from pyiceberg.io import FileIO
+from pyiceberg.io.pyarrow import _to_requested_schema, expression_to_pyarrow, pyarrow_to_schema
+from pyiceberg.schema import Schema, prune_columns
+from pyiceberg.table import FileScanTask
+from pyiceberg.table.snapshots import Snapshot
+
+from featurelake.errors import CorruptFileError, FeatureLakeError, SchemaMismatchError
+from featurelake.schema import LOCATOR_FILE, LOCATOR_POS, arrow_schema
+from featurelake.state import PlatformState, UpdateEntry
+
+if TYPE_CHECKING:
+    from featurelake.table import Table
+
+log = logging.getLogger(__name__)
+
+POS_FIELD_ID = 2147483645  # Iceberg's reserved field id of the `_pos` metadata column
+DEFAULT_BATCH = 65_536
+_TRANSIENT_RETRIES = 3
+
+
+def parse_filter(filter: str | BooleanExpression | None) -> BooleanExpression:
+    if filter is None:
+        return AlwaysTrue()
+    if isinstance(filter, BooleanExpression):
+        return filter
+    try:
+        return parse_expression(filter)
+    except Exception as e:  # the parser raises pyparsing's exceptions
+        raise FeatureLakeError(f"cannot parse filter {filter!r}: {e}") from e
+
+
+def bind_filter(schema: Schema, filter: str | BooleanExpression | None) -> BooleanExpression:
+    expr = parse_filter(filter)
+    try:
+        return bind(schema, expr, case_sensitive=True)
+    except ValueError as e:
+        raise SchemaMismatchError(f"filter {filter!r} does not fit the table: {e}") from e
+
+
+def _relax(expr: BooleanExpression, stale_ids: frozenset[int]) -> BooleanExpression:
+    """Replace predicates on columns whose statistics may be stale by ``true``.
+
+    Valid because ``expr`` has no NOT (rewritten away first): the result is
+    implied by the original, so it only prunes files the original prunes.
+    """
+    if isinstance(expr, And):
+        return And(_relax(expr.left, stale_ids), _relax(expr.right, stale_ids))
+    if isinstance(expr, Or):
+        return Or(_relax(expr.left, stale_ids), _relax(expr.right, stale_ids))
+    if isinstance(expr, BoundPredicate):
+        return AlwaysTrue() if expr.term.ref().field.field_id in stale_ids else expr
+    return expr
+
+
+def _referenced_ids(expr: BooleanExpression) -> set[int]:
+    if isinstance(expr, (And, Or)):
+        return _referenced_ids(expr.left) | _referenced_ids(expr.right)
+    if isinstance(expr, Not):
+        return _referenced_ids(expr.child)
+    if isinstance(expr, BoundPredicate):
+        return {expr.term.ref().field.field_id}
+    return set()
+
+
+@dataclass
+class ReadReport:
+    """What a read did: files read and skipped under the bad-file budget."""
+
+    files: int = 0
+    rows: int = 0
+    skipped_files: list[str] = field(default_factory=list)
+    skipped_rows: int = 0
+    update_files_read: int = 0
+    seconds: float = 0.0
+
+
+class Scan:
+    """One snapshot-consistent read of a table: plan once, then read files."""
+
+    def __init__(
+        self,
+        table: "Table",
+        snapshot: Snapshot | None,
+        schema: Schema,
+        state: PlatformState,
+        columns: Sequence[str] | None = None,
+        filter: str | BooleanExpression | None = None,
+        with_locator: bool = False,
+        max_bad_file_ratio: float = 0.0,
+        batch_size: int = DEFAULT_BATCH,
+    ) -> None:
+        if not 0.0 <= max_bad_file_ratio <= 1.0:
+            raise ValueError("max_bad_file_ratio must be between 0 and 1")
+        self.table = table
+        self.io: FileIO = table.iceberg.io
+        self.snapshot = snapshot
+        self.schema = schema
+        self.state = state
+        self.with_locator = with_locator
+        self.max_bad_file_ratio = max_bad_file_ratio
+        self.batch_size = batch_size
+        self.report = ReadReport()
+
+        names = list(columns) if columns is not None else [f.name for f in schema.fields]
+        reserved = [c for c in names if c in (LOCATOR_FILE, LOCATOR_POS)]
+        if reserved:
+            raise SchemaMismatchError(f"{reserved} are locator columns: ask with with_locator=True", reserved)
+        missing = [c for c in names if c not in {f.name for f in schema.fields}]
+        if missing:
+            raise SchemaMismatchError(f"unknown column(s) {missing}; table has {[f.name for f in schema.fields]}", missing)
+        self.columns = names
+        self.bound_filter = bind_filter(schema, filter)
+        filter_ids = _referenced_ids(self.bound_filter)
+        filter_names = [schema.find_column_name(i) for i in filter_ids]
+        needed = list(dict.fromkeys(names + [n for n in filter_names if n not in names]))
+        self.read_schema = schema.select(*needed) if needed else Schema()
+        self.read_ids = {f.field_id for f in self.read_schema.fields}
+        self.output_schema = arrow_schema(schema.select(*names) if names else Schema(), field_ids=False)
+        if with_locator:
+            self.output_schema = self.output_schema.append(pa.field(LOCATOR_FILE, pa.string(), nullable=False))
+            self.output_schema = self.output_schema.append(pa.field(LOCATOR_POS, pa.int64(), nullable=False))
+        self.arrow_filter = (
+            None
+            if self.bound_filter == AlwaysTrue()
+            else expression_to_pyarrow(self.bound_filter, self.read_schema)
+        )
+        self._tasks: list[FileScanTask] | None = None
+
+    # ------------------------------------------------------------- planning
+    def tasks(self) -> list[FileScanTask]:
+        if self._tasks is not None:
+            return self._tasks
+        if self.snapshot is None or self.bound_filter == AlwaysFalse():
+            self._tasks = []
+            return self._tasks
+        relaxed = _relax(rewrite_not(self.bound_filter), self.state.updated_field_ids)
+        current = self.table.iceberg.metadata.schema()
+        try:
+            plan_filter = translate_column_names(relaxed, current, case_sensitive=True)
+            tasks = list(self.table.iceberg.scan(row_filter=plan_filter, snapshot_id=self.snapshot.snapshot_id).plan_files())
+        except ValueError:
+            # A predicate on a column the current schema no longer has: plan without pruning.
+            tasks = list(self.table.iceberg.scan(snapshot_id=self.snapshot.snapshot_id).plan_files())
+        for t in tasks:
+            if t.delete_files:
+                raise FeatureLakeError(
+                    f"data file {t.file.file_path} has positional delete files written by another engine; "
+                    "compact the table with that engine first"
+                )
+        self._tasks = tasks
+        return tasks
+
+    # --------------------------------------------------------------- reading
+    def _open(self, path: str) -> pq.ParquetFile:
+        attempt = 0
+        while True:
+            try:
+                return pq.ParquetFile(self.io.new_input(path).open(), pre_buffer=True)
+            except FileNotFoundError as e:
+                raise CorruptFileError(f"file {path} is missing", path) from e
+            except pa.ArrowInvalid as e:
+                raise CorruptFileError(f"file {path} is corrupt: {e}", path) from e
+            except OSError as e:
+                attempt += 1
+                if attempt > _TRANSIENT_RETRIES:
+                    raise CorruptFileError(f"file {path} cannot be read: {e}", path) from e
+                time.sleep(0.05 * 2**attempt)
+
+    def _read_columns(
+        self, path: str, requested: Schema, extra_ids: Sequence[int] = (), batch_size: int | None = None
+    ) -> Iterator[tuple[pa.RecordBatch, pa.RecordBatch | None]]:
+        """Batches of ``requested`` (by field id, in current names), plus extra columns raw."""
+        pf = self._open(path)
+        file_schema = pyarrow_to_schema(pf.schema_arrow, downcast_ns_timestamp_to_us=True)
+        ids = {f.field_id for f in requested.fields}
+        projected = prune_columns(file_schema, ids, select_full_types=True)
+        columns = [c.name for c in projected.columns]
+        extra = []
+        for fid in extra_ids:
+            try:
+                extra.append(file_schema.find_column_name(fid))
+            except ValueError:
+                pass
+        if not columns and not extra:
+            n = pf.metadata.num_rows
+            step = batch_size or n or 1
+            for start in range(0, n, step):
+                yield _empty_batch(requested, min(step, n - start)), None
+            return
+        try:
+            for batch in pf.iter_batches(batch_size=batch_size or self.batch_size, columns=columns + extra, use_threads=True):
+                base = batch.select(columns) if columns else None
+                converted = (
+                    _to_requested_schema(requested, projected, base, downcast_ns_timestamp_to_us=True)
+                    if base is not None
+                    else _empty_batch(requested, batch.num_rows)
+                )
+                yield converted, batch.select(extra) if extra else None
+        except (OSError, pa.ArrowInvalid) as e:
+            raise CorruptFileError(f"file {path} is corrupt: {e}", path) from e
+
+    def _load_layers(self, entries: list[UpdateEntry]) -> list[tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]]:
+        """The update layers touching the projection, oldest first: (entry, positions, values)."""
+        layers = []
+        for entry in entries:
+            ids = [i for i in entry.field_ids if i in self.read_ids]
+            if not ids:
+                continue
+            requested = Schema(*[f for f in self.read_schema.fields if f.field_id in ids])
+            parts, positions = [], []
+            for values, extra in self._read_columns(entry.update_file, requested, () if entry.dense else (POS_FIELD_ID,), batch_size=1 << 20):
+                parts.append(values)
+                if extra is not None:
+                    positions.append(extra.column(0).to_numpy(zero_copy_only=False))
+            table = pa.Table.from_batches(parts, schema=parts[0].schema) if parts else pa.table({})
+            batch = table.combine_chunks().to_batches()[0] if table.num_rows else _empty_batch(requested, 0)
+            pos = None if entry.dense else (np.concatenate(positions) if positions else np.empty(0, np.int64))
+            layers.append((entry, pos, batch))
+            self.report.update_files_read += 1
+        return layers
+
+    def read_file(self, task: FileScanTask) -> Iterator[pa.RecordBatch]:
+        """Merged, filtered, projected batches of one data file."""
+        path = task.file.file_path
+        entries = self.state.entries_for(path) if not self.state.empty else []
+        layers = self._load_layers(entries) if entries else []
+        start = 0
+        for base, _ in self._read_columns(path, self.read_schema):
+            n = base.num_rows
+            merged = _apply_layers(base, layers, start) if layers else base
+            if self.with_locator:
+                merged = _with_locator(merged, path, start)
+            start += n
+            if self.arrow_filter is not None:
+                merged = merged.filter(self.arrow_filter)
+            out = merged.select(self.columns + ([LOCATOR_FILE, LOCATOR_POS] if self.with_locator else []))
+            yield out.cast(self.output_schema) if not out.schema.equals(self.output_schema) else out
+
+    def _guarded(self, task: FileScanTask, budget: int) -> list[pa.RecordBatch] | None:
+        """Read a whole file; None when it is bad and the budget allows skipping it."""
+        try:
+            return list(self.read_file(task))
+        except CorruptFileError as e:
+            if len(self.report.skipped_files) < budget:
+                self.report.skipped_files.append(task.file.file_path)
+                self.report.skipped_rows += task.file.record_count
+                warnings.warn(f"skipping bad file ({len(self.report.skipped_files)}/{budget} allowed): {e}", stacklevel=3)
+                return None
+            raise
+
+    def _budget(self, tasks: list[FileScanTask]) -> int:
+        return int(self.max_bad_file_ratio * len(tasks) + 1e-9)
+
+    def to_table(self, threads: int = 8) -> pa.Table:
+        """The whole result, files read in parallel, in plan order."""
+        t0 = time.perf_counter()
+        tasks = self.tasks()
+        budget = self._budget(tasks)
+        if len(tasks) <= 1:
+            results = [self._guarded(t, budget) for t in tasks]
+        else:
+            with ThreadPoolExecutor(max_workers=min(threads, len(tasks))) as pool:
+                results = list(pool.map(lambda t: self._guarded(t, budget), tasks))
+        batches = [b for r in results if r for b in r if b.num_rows]
+        self.report.files = len(tasks) - len(self.report.skipped_files)
+        result = pa.Table.from_batches(batches, schema=self.output_schema)
+        self.report.rows = result.num_rows
+        self.report.seconds = time.perf_counter() - t0
+        return result
+
+    def to_batches(
+        self, shuffle: bool = False, seed: int = 0, sample: float | None = None, prefetch: int = 2
+    ) -> Iterator[pa.RecordBatch]:
+        """Stream batches of at most ``batch_size`` rows, one file ahead per prefetch slot.
+
+        ``shuffle`` permutes the file order and the rows inside each batch;
+        ``sample`` keeps that fraction of rows (Bernoulli, deterministic by seed).
+        """
+        if sample is not None and not 0.0 < sample <= 1.0:
+            raise ValueError("sample must be a fraction in (0, 1]")
+        tasks = list(self.tasks())
+        rng = np.random.default_rng(seed)
+        if shuffle:
+            tasks = [tasks[i] for i in rng.permutation(len(tasks))]
+        budget = self._budget(tasks)
+        with ThreadPoolExecutor(max_workers=max(1, prefetch)) as pool:
+            futures = [pool.submit(self._guarded, t, budget) for t in tasks[:prefetch]]
+            next_task = len(futures)
+            while futures:
+                batches = futures.pop(0).result()
+                if next_task < len(tasks):
+                    futures.append(pool.submit(self._guarded, tasks[next_task], budget))
+                    next_task += 1
+                for batch in batches or []:
+                    if sample is not None and sample < 1.0:
+                        batch = batch.filter(pa.array(rng.random(batch.num_rows) < sample))
+                    if shuffle and batch.num_rows > 1:
+                        batch = batch.take(pa.array(rng.permutation(batch.num_rows)))
+                    for offset in range(0, batch.num_rows, self.batch_size):
+                        piece = batch.slice(offset, self.batch_size)
+                        self.report.rows += piece.num_rows
+                        yield piece
+        self.report.files = len(tasks) - len(self.report.skipped_files)
+
+
+def _empty_batch(schema: Schema, rows: int) -> pa.RecordBatch:
+    """``rows`` rows of nulls in ``schema`` (zero columns when the schema is empty)."""
+    target = arrow_schema(schema, field_ids=False)
+    if len(target):
+        return pa.RecordBatch.from_arrays([pa.nulls(rows, f.type) for f in target], schema=target)
+    return pa.record_batch([pa.nulls(rows)], names=["_"]).select([])
+
+
+def _with_locator(batch: pa.RecordBatch, path: str, start: int) -> pa.RecordBatch:
+    n = batch.num_rows
+    files = pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([path])).cast(pa.string())
+    pos = pa.array(np.arange(start, start + n, dtype=np.int64))
+    return batch.append_column(LOCATOR_FILE, files).append_column(LOCATOR_POS, pos)
+
+
+def _apply_layers(
+    base: pa.RecordBatch, layers: list[tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]], start: int
+) -> pa.RecordBatch:
+    """Overlay update layers on rows [start, start+n) of a data file; latest layer wins.
+
+    Per column, the base chunk and every layer's values for this range are
+    concatenated once and a single index picks, for each row, the newest value.
+    """
+    n = base.num_rows
+    end = start + n
+    columns = list(base.columns)
+    names = base.schema.names
+    for ci, name in enumerate(names):
+        pieces: list[pa.Array] = [columns[ci]]
+        index: np.ndarray | None = None
+        offset = n
+        for _, pos, values in layers:
+            vi = values.schema.get_field_index(name)
+            if vi < 0:
+                continue
+            col = values.column(vi)
+            if pos is None:  # dense: the layer holds every row of the file, in order
+                piece = col.slice(start, n)
+                local = np.arange(n)
+                src = np.arange(n)
+            else:
+                lo, hi = np.searchsorted(pos, [start, end])
+                if lo == hi:
+                    continue
+                piece = col.slice(lo, hi - lo)
+                local = pos[lo:hi] - start
+                src = np.arange(hi - lo)
+            if index is None:
+                index = np.arange(n, dtype=np.int64)
+            index[local] = offset + src
+            pieces.append(piece)
+            offset += len(piece)
+        if index is None:
+            continue
+        if len(pieces) == 2 and len(pieces[1]) == n and np.array_equal(index, np.arange(n, 2 * n)):
+            columns[ci] = pieces[1]
+            continue
+        combined = pa.concat_arrays([p.cast(columns[ci].type) if not p.type.equals(columns[ci].type) else p for p in pieces])
+        columns[ci] = combined.take(pa.array(index))
+    return pa.RecordBatch.from_arrays(columns, schema=base.schema)

@@ -1,0 +1,316 @@
+"""Per-snapshot platform state: which update files are live for which data files.
+
+Iceberg knows data files; it does not know featurelake's update files. That
+knowledge is kept as immutable files referenced from a snapshot's summary
+(invariant 3), so a snapshot, a branch head or a time-travel read always sees
+exactly the update files of its own commit.
+
+Layout, split the way Iceberg splits manifests so a commit rewrites only what
+it touched:
+
+* a small JSON *root* per platform commit (``featurelake.state`` in the
+  snapshot summary) with the commit order counter, the set of updated field
+  ids, totals, and a map ``shard -> shard file``;
+* Parquet *shards*, one row per live update file, each holding the entries of
+  the data files whose path hashes to that shard. A commit writes only the
+  shards it changed and references the others unchanged.
+
+A snapshot without the summary key (an append, or another engine's commit)
+inherits its nearest ancestor's state. Every file is immutable and cached by
+path, so reading the state of a hot branch costs one small JSON read.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Iterator, Mapping
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.io import FileIO
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.snapshots import Snapshot
+
+from featurelake.errors import CorruptFileError
+from featurelake.refs import ancestors
+
+STATE_KEY = "featurelake.state"
+N_SHARDS = 64
+FORMAT = 1
+
+_SHARD_SCHEMA = pa.schema(
+    [
+        pa.field("data_file", pa.string(), nullable=False),
+        pa.field("update_file", pa.string(), nullable=False),
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("field_ids", pa.list_(pa.int32()), nullable=False),
+        pa.field("dense", pa.bool_(), nullable=False),
+        pa.field("rows", pa.int64(), nullable=False),
+        pa.field("bytes", pa.int64(), nullable=False),
+        pa.field("snapshot_id", pa.int64(), nullable=False),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class UpdateEntry:
+    """One live update file: new values of ``field_ids`` for rows of ``data_file``.
+
+    ``seq`` is the commit order (higher wins); ``dense`` means the file holds
+    every row of the data file in order, so it has no ``_pos`` column.
+    """
+
+    data_file: str
+    update_file: str
+    seq: int
+    field_ids: tuple[int, ...]
+    dense: bool
+    rows: int
+    bytes: int
+    snapshot_id: int
+
+
+def shard_of(data_file: str) -> int:
+    return zlib.crc32(data_file.encode()) % N_SHARDS
+
+
+@dataclass(frozen=True)
+class PlatformState:
+    """The live update files of one snapshot (immutable)."""
+
+    root_path: str | None = None
+    next_seq: int = 1
+    shard_info: Mapping[int, dict] = field(default_factory=dict)
+    io: FileIO | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def shards(self) -> dict[int, str]:
+        return {k: v["path"] for k, v in self.shard_info.items()}
+
+    @property
+    def update_files(self) -> int:
+        return sum(v["files"] for v in self.shard_info.values())
+
+    @property
+    def update_bytes(self) -> int:
+        return sum(v["bytes"] for v in self.shard_info.values())
+
+    @property
+    def updated_field_ids(self) -> frozenset[int]:
+        return frozenset(f for v in self.shard_info.values() for f in v["field_ids"])
+
+    @property
+    def empty(self) -> bool:
+        return not self.shard_info
+
+    def entries_for(self, data_file: str) -> list[UpdateEntry]:
+        """Update files of ``data_file`` in commit order (oldest first)."""
+        info = self.shard_info.get(shard_of(data_file))
+        if info is None:
+            return []
+        return _load_shard(self.io, info["path"]).get(data_file, [])
+
+    def by_data_file(self, data_files: Iterable[str] | None = None) -> dict[str, list[UpdateEntry]]:
+        """Entries grouped by data file, for ``data_files`` or for all."""
+        if data_files is None:
+            out: dict[str, list[UpdateEntry]] = {}
+            for path in self.shards.values():
+                out.update(_load_shard(self.io, path))
+            return out
+        wanted: dict[int, list[str]] = {}
+        for f in data_files:
+            wanted.setdefault(shard_of(f), []).append(f)
+        out = {}
+        for shard, files in wanted.items():
+            path = self.shards.get(shard)
+            if path is None:
+                continue
+            loaded = _load_shard(self.io, path)
+            for f in files:
+                if f in loaded:
+                    out[f] = loaded[f]
+        return out
+
+    def entries(self) -> Iterator[UpdateEntry]:
+        for entries in self.by_data_file().values():
+            yield from entries
+
+
+def state_of(meta: TableMetadata, io: FileIO, snapshot: Snapshot | None) -> PlatformState:
+    """The platform state a snapshot sees: its own, or its nearest ancestor's."""
+    for snap in ancestors(meta, snapshot):
+        path = snap.summary.get(STATE_KEY) if snap.summary is not None else None
+        if path:
+            return _load_root(io, path)
+    return PlatformState(io=io)
+
+
+class StateWriter:
+    """Builds the next state from a base state plus changes, writing only touched shards."""
+
+    def __init__(self, base: PlatformState, io: FileIO, location: str) -> None:
+        self.base = base
+        self.io = io
+        self.location = location.rstrip("/")
+        self._changed: dict[int, dict[str, list[UpdateEntry]]] = {}
+        self.next_seq = base.next_seq
+
+    def _shard(self, shard: int) -> dict[str, list[UpdateEntry]]:
+        if shard not in self._changed:
+            path = self.base.shards.get(shard)
+            loaded = _load_shard(self.io, path) if path else {}
+            self._changed[shard] = {k: list(v) for k, v in loaded.items()}
+        return self._changed[shard]
+
+    def take_seq(self) -> int:
+        seq = self.next_seq
+        self.next_seq += 1
+        return seq
+
+    def add(self, entry: UpdateEntry) -> None:
+        self._shard(shard_of(entry.data_file)).setdefault(entry.data_file, []).append(entry)
+
+    def drop_data_file(self, data_file: str) -> list[UpdateEntry]:
+        """Forget every update of a data file (it was rewritten or removed)."""
+        return self._shard(shard_of(data_file)).pop(data_file, [])
+
+    def drop_where(self, data_file: str, predicate) -> list[UpdateEntry]:
+        shard = self._shard(shard_of(data_file))
+        kept = [e for e in shard.get(data_file, []) if not predicate(e)]
+        dropped = [e for e in shard.get(data_file, []) if predicate(e)]
+        if kept:
+            shard[data_file] = kept
+        else:
+            shard.pop(data_file, None)
+        return dropped
+
+    @property
+    def changed(self) -> bool:
+        return bool(self._changed)
+
+    def write(self) -> str:
+        """Write the changed shards and a new root; return the root's path.
+
+        Totals are kept per shard in the root, so a commit costs what it
+        touched, not the size of the whole state.
+        """
+        shards = dict(self.base.shard_info)
+        for shard, entries in self._changed.items():
+            rows = [e for es in entries.values() for e in es]
+            if not rows:
+                shards.pop(shard, None)
+                continue
+            path = f"{self.location}/shard-{shard:02d}-{uuid.uuid4().hex}.parquet"
+            _write_shard(self.io, path, rows)
+            _SHARD_CACHE.put(path, {k: sorted(v, key=lambda e: e.seq) for k, v in entries.items() if v})
+            shards[shard] = {
+                "path": path,
+                "files": len(rows),
+                "bytes": sum(e.bytes for e in rows),
+                "field_ids": sorted({f for e in rows for f in e.field_ids}),
+            }
+        root = {
+            "format": FORMAT,
+            "next_seq": self.next_seq,
+            "shards": {str(k): v for k, v in sorted(shards.items())},
+        }
+        path = f"{self.location}/state-{uuid.uuid4().hex}.json"
+        with self.io.new_output(path).create(overwrite=False) as out:
+            out.write(json.dumps(root).encode())
+        return path
+
+
+# ---------------------------------------------------------------- file cache
+class _LRU:
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.items: OrderedDict[str, object] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key: str):
+        with self.lock:
+            if key in self.items:
+                self.items.move_to_end(key)
+                return self.items[key]
+        return None
+
+    def put(self, key: str, value) -> None:
+        with self.lock:
+            self.items[key] = value
+            self.items.move_to_end(key)
+            while len(self.items) > self.size:
+                self.items.popitem(last=False)
+
+
+_ROOT_CACHE = _LRU(512)
+_SHARD_CACHE = _LRU(2048)
+
+
+def _load_root(io: FileIO, path: str) -> PlatformState:
+    cached = _ROOT_CACHE.get(path)
+    if cached is None:
+        try:
+            with io.new_input(path).open() as f:
+                raw = json.loads(f.read())
+        except (OSError, ValueError) as e:
+            raise CorruptFileError(f"platform state file {path} is missing or unreadable: {e}", path) from e
+        cached = PlatformState(
+            root_path=path,
+            next_seq=int(raw["next_seq"]),
+            shard_info={int(k): v for k, v in raw["shards"].items()},
+        )
+        _ROOT_CACHE.put(path, cached)
+    return replace(cached, io=io)
+
+
+def _load_shard(io: FileIO | None, path: str) -> dict[str, list[UpdateEntry]]:
+    cached = _SHARD_CACHE.get(path)
+    if cached is not None:
+        return cached
+    assert io is not None
+    try:
+        with io.new_input(path).open() as f:
+            tbl = pq.read_table(f)
+    except (OSError, pa.ArrowInvalid) as e:
+        raise CorruptFileError(f"platform state shard {path} is missing or unreadable: {e}", path) from e
+    out: dict[str, list[UpdateEntry]] = {}
+    cols = tbl.to_pydict()
+    for i in range(tbl.num_rows):
+        e = UpdateEntry(
+            data_file=cols["data_file"][i],
+            update_file=cols["update_file"][i],
+            seq=cols["seq"][i],
+            field_ids=tuple(cols["field_ids"][i]),
+            dense=cols["dense"][i],
+            rows=cols["rows"][i],
+            bytes=cols["bytes"][i],
+            snapshot_id=cols["snapshot_id"][i],
+        )
+        out.setdefault(e.data_file, []).append(e)
+    for v in out.values():
+        v.sort(key=lambda e: e.seq)
+    _SHARD_CACHE.put(path, out)
+    return out
+
+
+def _write_shard(io: FileIO, path: str, entries: list[UpdateEntry]) -> None:
+    entries = sorted(entries, key=lambda e: (e.data_file, e.seq))
+    tbl = pa.Table.from_pydict(
+        {
+            "data_file": [e.data_file for e in entries],
+            "update_file": [e.update_file for e in entries],
+            "seq": [e.seq for e in entries],
+            "field_ids": [list(e.field_ids) for e in entries],
+            "dense": [e.dense for e in entries],
+            "rows": [e.rows for e in entries],
+            "bytes": [e.bytes for e in entries],
+            "snapshot_id": [e.snapshot_id for e in entries],
+        },
+        schema=_SHARD_SCHEMA,
+    )
+    with io.new_output(path).create(overwrite=False) as out:
+        pq.write_table(tbl, out, compression="zstd")

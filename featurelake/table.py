@@ -1,0 +1,336 @@
+"""A sample table: the public face of one Iceberg table in the lake.
+
+``Table`` validates input, then hands the work to the module that owns the
+concept (reading to ``read``, column updates to ``updates``, branches to
+``branches``, maintenance to ``maintenance``). Every write is one atomic
+Iceberg commit on one branch and returns its snapshot id.
+"""
+from __future__ import annotations
+
+import itertools
+import uuid
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+
+import pyarrow as pa
+from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, Not
+from pyiceberg.io.pyarrow import _dataframe_to_data_files
+from pyiceberg.table import Table as IcebergTable
+from pyiceberg.table.snapshots import Snapshot
+
+from featurelake import refs
+from featurelake.commit import optimistic
+from featurelake.errors import DuplicateKeyError, FeatureLakeError, SchemaMismatchError
+from featurelake.keys import check_keys, locate
+from featurelake.read import DEFAULT_BATCH, Scan, parse_filter
+from featurelake.schema import arrow_schema, conform, to_table
+from featurelake.state import STATE_KEY, PlatformState, state_of
+
+if TYPE_CHECKING:
+    from featurelake.lake import Lake
+
+MAIN = refs.MAIN
+CHUNK_ROWS = 1_000_000
+SMALL_FILE_BYTES = 32 * 1024 * 1024
+
+
+class Table:
+    """A featurelake table (see DESIGN.md for the API contract)."""
+
+    def __init__(self, lake: "Lake", name: str, ice: IcebergTable) -> None:
+        self.lake = lake
+        self.name = name
+        self._ice = ice
+
+    # ------------------------------------------------------------ identity
+    @property
+    def iceberg(self) -> IcebergTable:
+        """The underlying pyiceberg Table, refreshed (for interop)."""
+        return self.refresh()
+
+    def refresh(self) -> IcebergTable:
+        self._ice = self.lake.catalog.load_table(self.name)
+        return self._ice
+
+    @property
+    def primary_key(self) -> list[str]:
+        declared = self._ice.metadata.properties.get("featurelake.primary-key")
+        if declared:
+            return declared.split(",")
+        schema = self._ice.schema()
+        return [schema.find_column_name(i) for i in schema.identifier_field_ids]
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The table's current Arrow schema."""
+        return arrow_schema(self.refresh().schema(), field_ids=False)
+
+    def __repr__(self) -> str:
+        return f"Table({self.name!r})"
+
+    # ---------------------------------------------------------------- state
+    def _state(self, ice: IcebergTable, snapshot: Snapshot | None) -> PlatformState:
+        return state_of(ice.metadata, ice.io, snapshot)
+
+    def _state_props(self, ice: IcebergTable, head: Snapshot | None, root: str | None = None) -> dict[str, str]:
+        """Snapshot summary carrying the platform state forward (new root, or the inherited one)."""
+        if root is None:
+            root = self._state(ice, head).root_path
+        return {STATE_KEY: root} if root else {}
+
+    def _platform_dir(self, ice: IcebergTable) -> str:
+        return f"{ice.location().rstrip('/')}/metadata/featurelake"
+
+    def _update_dir(self, ice: IcebergTable) -> str:
+        return f"{ice.location().rstrip('/')}/data/_updates"
+
+    # --------------------------------------------------------------- reading
+    def scan(
+        self,
+        columns: Sequence[str] | None = None,
+        filter: str | BooleanExpression | None = None,
+        branch: str = MAIN,
+        snapshot_id: int | None = None,
+        with_locator: bool = False,
+        max_bad_file_ratio: float = 0.0,
+        batch_size: int = DEFAULT_BATCH,
+        ice: IcebergTable | None = None,
+    ) -> Scan:
+        """A snapshot-consistent scan, planned lazily (``.tasks()``, ``.to_table()``, ``.report``)."""
+        ice = ice or self.refresh()
+        meta = ice.metadata
+        snapshot = refs.resolve(meta, branch, snapshot_id)
+        if snapshot_id is not None and snapshot is not None and snapshot.schema_id is not None:
+            schema = meta.schema_by_id(snapshot.schema_id) or meta.schema()
+        else:
+            schema = meta.schema()
+        return Scan(
+            self,
+            snapshot,
+            schema,
+            self._state(ice, snapshot),
+            columns=columns,
+            filter=filter,
+            with_locator=with_locator,
+            max_bad_file_ratio=max_bad_file_ratio,
+            batch_size=batch_size,
+        )
+
+    def read(
+        self,
+        columns: Sequence[str] | None = None,
+        filter: str | BooleanExpression | None = None,
+        branch: str = MAIN,
+        snapshot_id: int | None = None,
+        with_locator: bool = False,
+        max_bad_file_ratio: float = 0.0,
+        sequences: dict[str, Any] | None = None,
+    ) -> pa.Table:
+        """Read a branch, tag or snapshot with update files merged in."""
+        scan = self.scan(columns, filter, branch, snapshot_id, with_locator, max_bad_file_ratio)
+        result = scan.to_table()
+        self.last_read_report = scan.report
+        if sequences:
+            from featurelake.sequences import join_sequences
+
+            result = join_sequences(result, sequences)
+        return result
+
+    def batches(
+        self,
+        columns: Sequence[str] | None = None,
+        filter: str | BooleanExpression | None = None,
+        branch: str = MAIN,
+        batch_size: int = DEFAULT_BATCH,
+        shuffle: bool = False,
+        seed: int = 0,
+        sample: float | None = None,
+        max_bad_file_ratio: float = 0.0,
+        snapshot_id: int | None = None,
+        with_locator: bool = False,
+        sequences: dict[str, Any] | None = None,
+    ) -> Iterator[pa.RecordBatch]:
+        """Stream record batches with bounded memory (files are read one or two ahead)."""
+        scan = self.scan(columns, filter, branch, snapshot_id, with_locator, max_bad_file_ratio, batch_size)
+        self.last_read_report = scan.report
+        stream = scan.to_batches(shuffle=shuffle, seed=seed, sample=sample)
+        if sequences:
+            from featurelake.sequences import join_sequences_batches
+
+            return join_sequences_batches(stream, sequences)
+        return stream
+
+    # --------------------------------------------------------------- writing
+    def _write_files(self, ice: IcebergTable, data: pa.Table, write_uuid: uuid.UUID, counter) -> list:
+        return list(_dataframe_to_data_files(ice.metadata, data, ice.io, write_uuid=write_uuid, counter=counter))
+
+    def _prepare(self, data: Any, ice: IcebergTable) -> Iterator[pa.Table]:
+        """Input chunks, each conformed to the table schema and free of null or repeated keys."""
+        target = arrow_schema(ice.schema())
+        for chunk in _chunks(data):
+            chunk = conform(chunk, target)
+            check_keys(chunk, self.primary_key)
+            yield chunk
+
+    def append(self, data: Any, branch: str = MAIN) -> int | None:
+        """Append rows; refuse null keys and keys already in the batch or the branch.
+
+        ``data`` is a pyarrow Table or RecordBatch, a pandas DataFrame, or an
+        iterable of batches (streamed: written in chunks, committed once).
+        Returns the new snapshot id (the current head when ``data`` is empty).
+        """
+        return self._write(data, branch, replace_filter=None)
+
+    def overwrite(self, data: Any, filter: str | BooleanExpression, branch: str = MAIN) -> int | None:
+        """Atomically replace the rows matching ``filter`` with ``data`` (one commit).
+
+        Used to re-materialize a partition: running it twice never duplicates.
+        """
+        return self._write(data, branch, replace_filter=parse_filter(filter))
+
+    def delete(self, filter: str | BooleanExpression, branch: str = MAIN) -> int | None:
+        """Delete the rows matching ``filter`` (evaluated on merged values)."""
+        return self._write(None, branch, replace_filter=parse_filter(filter))
+
+    def _write(self, data: Any, branch: str, replace_filter: BooleanExpression | None) -> int | None:
+        from featurelake.rewrite import plan_removal
+
+        ice = self.refresh()
+        refs.branch_head(ice.metadata, branch)  # unknown branch: fail before writing anything
+        keys = self.primary_key
+        write_uuid, counter = uuid.uuid4(), itertools.count(0)
+        files: list = []
+        key_parts: list[pa.Table] = []
+        rows = 0
+        try:
+            if data is not None:
+                for chunk in self._prepare(data, ice):
+                    key_parts.append(chunk.select(keys))
+                    rows += chunk.num_rows
+                    files.extend(self._write_files(ice, chunk, write_uuid, counter))
+            all_keys = pa.concat_tables(key_parts) if key_parts else None
+            if len(key_parts) > 1:
+                check_keys(all_keys, keys)
+
+            def attempt(ice: IcebergTable) -> int | None:
+                head = refs.branch_head(ice.metadata, branch)
+                removal = None
+                if replace_filter is not None and head is not None:
+                    removal = plan_removal(self, ice, head, replace_filter, write_uuid, counter)
+                if all_keys is not None and all_keys.num_rows and head is not None:
+                    survivors = Not(replace_filter) if replace_filter is not None else None
+                    self._refuse_existing(ice, head, all_keys, survivors)
+                if not files and (removal is None or removal.empty):
+                    return head.snapshot_id if head else None
+                props = self._state_props(ice, head, removal.state_root if removal else None)
+                props["featurelake.operation"] = "append" if replace_filter is None else ("overwrite" if files else "delete")
+                tx = ice.transaction()
+                if removal is None or removal.empty:
+                    with tx.update_snapshot(snapshot_properties=props, branch=branch).fast_append() as op:
+                        for f in files:
+                            op.append_data_file(f)
+                else:
+                    with tx.update_snapshot(snapshot_properties=props, branch=branch).overwrite() as op:
+                        for f in removal.removed:
+                            op.delete_data_file(f)
+                        for f in removal.added + files:
+                            op.append_data_file(f)
+                return tx.commit_transaction().metadata.refs[branch].snapshot_id
+
+            return optimistic(self.refresh, attempt, f"write to {self.name}@{branch}")
+        except BaseException:
+            _delete_quietly(ice, [f.file_path for f in files])
+            raise
+
+    def _refuse_existing(self, ice: IcebergTable, head: Snapshot, key_table: pa.Table, extra=None) -> None:
+        keys = self.primary_key
+
+        def make_scan(columns, filter, with_locator):
+            f = And(filter, extra) if extra is not None else filter
+            return self.scan(columns, f, snapshot_id=head.snapshot_id, with_locator=with_locator, ice=ice)
+
+        found = locate(make_scan, key_table, keys)
+        if found.num_rows:
+            shown = found.select(keys).slice(0, 5).to_pylist()
+            examples = [r[keys[0]] if len(keys) == 1 else tuple(r[k] for k in keys) for r in shown]
+            raise DuplicateKeyError(
+                f"{found.num_rows} key(s) already exist in {self.name}, e.g. {examples}; use upsert or backfill",
+                examples,
+                count=found.num_rows,
+            )
+
+    # ---------------------------------------------------------- inspection
+    def stats(self, branch: str = MAIN, snapshot_id: int | None = None) -> dict[str, Any]:
+        """Rows, files and bytes of a branch head (cheap: manifests and platform state only)."""
+        ice = self.refresh()
+        snapshot = refs.resolve(ice.metadata, branch, snapshot_id)
+        state = self._state(ice, snapshot)
+        files = [t.file for t in ice.scan(snapshot_id=snapshot.snapshot_id).plan_files()] if snapshot else []
+        layers = state.by_data_file([f.file_path for f in files]) if not state.empty else {}
+        small = int(ice.metadata.properties.get("featurelake.small-file-bytes", SMALL_FILE_BYTES))
+        data_bytes = sum(f.file_size_in_bytes for f in files)
+        update_bytes = sum(e.bytes for es in layers.values() for e in es)
+        return {
+            "table": self.name,
+            "branch": branch,
+            "snapshot_id": snapshot.snapshot_id if snapshot else None,
+            "rows": sum(f.record_count for f in files),
+            "data_files": len(files),
+            "small_files": sum(1 for f in files if f.file_size_in_bytes < small),
+            "update_files": sum(len(es) for es in layers.values()),
+            "max_update_layers": max((len(es) for es in layers.values()), default=0),
+            "data_bytes": data_bytes,
+            "update_bytes": update_bytes,
+            "bytes": data_bytes + update_bytes,
+            "snapshots": sum(1 for _ in refs.ancestors(ice.metadata, snapshot)),
+            "columns": len(ice.schema().fields),
+        }
+
+    def snapshots(self, branch: str = MAIN) -> list[dict[str, Any]]:
+        """The branch's history, newest first: id, time, operation, summary."""
+        ice = self.refresh()
+        head = refs.resolve(ice.metadata, branch)
+        out = []
+        for snap in refs.ancestors(ice.metadata, head):
+            summary = snap.summary.additional_properties if snap.summary else {}
+            out.append(
+                {
+                    "snapshot_id": snap.snapshot_id,
+                    "parent_id": snap.parent_snapshot_id,
+                    "timestamp": datetime.fromtimestamp(snap.timestamp_ms / 1000).isoformat(timespec="seconds"),
+                    "operation": summary.get("featurelake.operation", snap.summary.operation.value if snap.summary else ""),
+                    "added_rows": int(summary.get("added-records", 0)),
+                    "total_rows": int(summary.get("total-records", 0)),
+                }
+            )
+        return out
+
+
+def _chunks(data: Any, rows: int = CHUNK_ROWS) -> Iterator[pa.Table]:
+    """Input as tables of at most about ``rows`` rows."""
+    if isinstance(data, pa.RecordBatchReader):
+        data = iter(data)
+    if isinstance(data, (pa.Table, pa.RecordBatch)) or type(data).__name__ == "DataFrame":
+        yield to_table(data)
+        return
+    if not isinstance(data, Iterable):
+        raise SchemaMismatchError(f"cannot append {type(data).__name__}: give a pyarrow Table, RecordBatch or DataFrame")
+    pending: list[pa.Table] = []
+    count = 0
+    for item in data:
+        t = to_table(item)
+        pending.append(t)
+        count += t.num_rows
+        if count >= rows:
+            yield pa.concat_tables(pending, promote_options="permissive")
+            pending, count = [], 0
+    if pending:
+        yield pa.concat_tables(pending, promote_options="permissive")
+
+
+def _delete_quietly(ice: IcebergTable, paths: Iterable[str]) -> None:
+    for p in paths:
+        try:
+            ice.io.delete(p)
+        except Exception:  # best effort: unreferenced files are garbage-collected anyway
+            pass

@@ -1,0 +1,309 @@
+"""End-to-end demo: materialize the ``main`` group for a few days, then summarize.
+
+``run_demo`` uses a persistent Dagster instance in ``<home>/dagster``, so
+``make ui`` (``dagster dev -w workspace.yaml`` with DAGSTER_HOME=<home>/dagster and
+FEATURELAKE_HOME=<home>) shows the demo's runs and materializations.
+
+The summary is built by :func:`build_summary` from a list of *sections*
+(:data:`SUMMARY_SECTIONS`); later features (labels, branches, sequences,
+maintenance) add a section with :func:`summary_section` and appear in both the
+returned dict and the printed report without touching ``run_demo``.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+from dagster import DagsterInstance, materialize
+
+from assets import main as main_group
+from resources import LakeResource
+
+DAGSTER_YAML = """\
+# Written by featurelake's run_demo: a local, persistent Dagster instance.
+telemetry:
+  enabled: false
+"""
+
+# -- environment ----------------------------------------------------------------------
+@contextlib.contextmanager
+def _env(**values: Optional[str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    try:
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def prepare_dagster_home(home: Path) -> Path:
+    """Create ``<home>/dagster`` with a minimal dagster.yaml (kept if present)."""
+    dagster_home = Path(home) / "dagster"
+    dagster_home.mkdir(parents=True, exist_ok=True)
+    cfg = dagster_home / "dagster.yaml"
+    if not cfg.exists():
+        cfg.write_text(DAGSTER_YAML)
+    return dagster_home
+
+
+def demo_partition_keys(days: int) -> list[str]:
+    """The first ``days`` daily partitions of the main group."""
+    if days < 1:
+        raise ValueError(f"days must be >= 1, got {days}")
+    keys = [(main_group.START + timedelta(days=i)).isoformat() for i in range(days)]
+    missing = [k for k in keys if not main_group.daily_partitions.has_partition_key(k)]
+    if missing:
+        raise ValueError(
+            f"partitions {missing[0]}..{missing[-1]} do not exist yet (daily partitions start "
+            f"{main_group.START} and end yesterday); use fewer days or set FEATURELAKE_DEMO_START"
+        )
+    return keys
+
+
+# -- summary --------------------------------------------------------------------------
+SummarySection = Callable[[Any, dict], Optional[dict]]
+SUMMARY_SECTIONS: list[tuple[str, SummarySection]] = []
+
+
+def summary_section(name: str) -> Callable[[SummarySection], SummarySection]:
+    """Register ``fn(lake, context) -> dict | None`` as summary section ``name``.
+
+    ``context`` holds what the demo knows (home, partitions, runs, ...). A section
+    returning None is left out. Sections appear in registration order.
+    """
+
+    def register(fn: SummarySection) -> SummarySection:
+        SUMMARY_SECTIONS[:] = [(n, f) for n, f in SUMMARY_SECTIONS if n != name]
+        SUMMARY_SECTIONS.append((name, fn))
+        return fn
+
+    return register
+
+
+def table_summary(table) -> dict:
+    """Rows, files, bytes and snapshots of one table's main branch."""
+    stats = dict(table.stats())
+    out = {
+        "rows": int(stats.get("rows", 0)),
+        "data_files": int(stats.get("data_files", 0)),
+        "small_files": int(stats.get("small_files", 0)),
+        "update_files": int(stats.get("update_files", 0)),
+        "bytes": int(stats.get("bytes", 0)),
+        "snapshots": _count(stats.get("snapshots", 0)),
+        "snapshot_id": stats.get("snapshot_id"),
+    }
+    branches = getattr(table, "branches", None)
+    if callable(branches):
+        try:
+            out["branches"] = sorted(str(b) for b in branches())
+        except Exception:  # an engine without branches yet: leave the key out
+            pass
+    return out
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, (list, tuple, set, dict)):
+        return len(value)
+    return int(value or 0)
+
+
+@summary_section("tables")
+def _tables_section(lake, context: dict) -> dict:
+    return {name: table_summary(lake.table(name)) for name in sorted(lake.tables())}
+
+
+@summary_section("landing")
+def _landing_section(lake, context: dict) -> Optional[dict]:
+    root = context.get("landing_dir")
+    if not root:
+        return None
+    files = sorted(Path(root).glob("impressions/*.parquet"))
+    return {
+        "impressions": {
+            "files": len(files),
+            "bytes": sum(f.stat().st_size for f in files),
+        }
+    }
+
+
+@summary_section("timings")
+def _timings_section(lake, context: dict) -> Optional[dict]:
+    runs = context.get("runs") or []
+    if not runs:
+        return None
+    per_asset: dict[str, float] = {}
+    for run in runs:
+        for step, seconds in run["steps"].items():
+            per_asset[step] = per_asset.get(step, 0.0) + seconds
+    total = sum(r["seconds"] for r in runs)
+    rows = sum(r.get("rows", 0) for r in runs)
+    return {
+        "total_seconds": round(total, 3),
+        "per_asset_seconds": {k: round(v, 3) for k, v in per_asset.items()},
+        "per_partition_seconds": {r["partition"]: round(r["seconds"], 3) for r in runs},
+        "rows_per_second": round(rows / total, 1) if total > 0 else None,
+    }
+
+
+def build_summary(lake, context: Optional[dict] = None) -> dict:
+    """The demo summary: ``context`` plus one entry per registered section."""
+    context = dict(context or {})
+    summary = dict(context)
+    for name, fn in SUMMARY_SECTIONS:
+        value = fn(lake, context)
+        if value is not None:
+            summary[name] = value
+    return summary
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:,.3f}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(str(v) for v in value)
+    return str(value)
+
+
+def print_summary(summary: dict, console=None) -> None:
+    """Render ``summary`` with rich: one table per section, generic over its shape."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    head = [f"lake home: {summary.get('home')}"]
+    if summary.get("dagster_home"):
+        head.append(f"dagster home: {summary['dagster_home']}  (make ui shows these runs)")
+    if summary.get("partitions"):
+        p = summary["partitions"]
+        head.append(f"partitions: {p[0]} .. {p[-1]} ({len(p)} days, {summary.get('rows_per_day'):,} rows/day)")
+    console.print("\n".join(head))
+
+    for name, _ in SUMMARY_SECTIONS:
+        section = summary.get(name)
+        if not section:
+            continue
+        rows = {k: v for k, v in section.items() if isinstance(v, dict)}
+        scalars = {k: v for k, v in section.items() if not isinstance(v, dict)}
+        if rows:
+            columns: list[str] = []
+            for record in rows.values():
+                columns += [c for c in record if c not in columns]
+            grid = Table(title=name)
+            grid.add_column("name")
+            for c in columns:
+                grid.add_column(c, justify="right")
+            for key, record in rows.items():
+                grid.add_row(key, *(_fmt(record.get(c, "")) for c in columns))
+            console.print(grid)
+        if scalars:
+            grid = Table(title=name if not rows else None, show_header=False)
+            grid.add_column("key")
+            grid.add_column("value", justify="right")
+            for key, value in scalars.items():
+                grid.add_row(key, _fmt(value))
+            console.print(grid)
+
+
+# -- the demo -------------------------------------------------------------------------
+def _step_seconds(result) -> dict[str, float]:
+    steps: dict[str, float] = {}
+    for event in result.get_step_success_events():
+        data = event.event_specific_data
+        ms = getattr(data, "duration_ms", None)
+        if ms is not None:
+            steps[event.step_key] = ms / 1000.0
+    return steps
+
+
+def run_demo(
+    home: str | Path,
+    days: int = 3,
+    rows_per_day: int = 20_000,
+    console=None,
+    *,
+    seed: int = 0,
+    print_report: bool = True,
+) -> dict:
+    """Materialize ``raw_impressions`` and ``samples`` for ``days`` days into ``home``.
+
+    Runs are recorded in the persistent Dagster instance at ``<home>/dagster``
+    (DAGSTER_HOME is set to it while the demo runs, and restored afterwards).
+    Returns the summary dict (see :func:`build_summary`) and prints it with rich
+    unless ``print_report`` is False.
+    """
+    home = Path(home).expanduser().resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    dagster_home = prepare_dagster_home(home)
+    keys = demo_partition_keys(days)
+    resource = LakeResource(home=str(home))
+    run_config = {
+        "ops": {"raw_impressions": {"config": {"rows_per_day": int(rows_per_day), "seed": int(seed)}}}
+    }
+
+    runs: list[dict] = []
+    with _env(DAGSTER_HOME=str(dagster_home)):
+        instance = DagsterInstance.get()
+        try:
+            for key in keys:
+                started = time.perf_counter()
+                result = materialize(
+                    main_group.main_assets,
+                    instance=instance,
+                    partition_key=key,
+                    resources={"lake": resource},
+                    run_config=run_config,
+                    tags={"featurelake/demo": "true"},
+                )
+                runs.append(
+                    {
+                        "partition": key,
+                        "run_id": result.run_id,
+                        "success": result.success,
+                        "seconds": time.perf_counter() - started,
+                        "steps": _step_seconds(result),
+                        "rows": int(rows_per_day),
+                    }
+                )
+        finally:
+            instance.dispose()
+
+    context = {
+        "home": str(home),
+        "dagster_home": str(dagster_home),
+        "partitions": keys,
+        "rows_per_day": int(rows_per_day),
+        "runs": runs,
+        "landing_dir": str(resource.landing_dir()),
+    }
+    summary = build_summary(resource.lake(), context)
+    if print_report:
+        print_summary(summary, console)
+    return summary
+
+
+__all__ = [
+    "run_demo",
+    "build_summary",
+    "print_summary",
+    "summary_section",
+    "table_summary",
+    "SUMMARY_SECTIONS",
+    "prepare_dagster_home",
+    "demo_partition_keys",
+]

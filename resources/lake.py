@@ -1,0 +1,147 @@
+"""``LakeResource``: the Dagster handle on a featurelake :class:`~featurelake.Lake`.
+
+The resource only decides *which* lake to open; all work is done by the engine.
+
+* ``home`` set            -> embedded lake ``Lake(home)`` (SQLite catalog + local warehouse)
+* ``catalog_uri`` set     -> a lake on that catalog (PostgreSQL/SQLite SqlCatalog, REST)
+                             with ``warehouse`` as its data location
+* nothing set             -> ``Lake.from_env()`` when FEATURELAKE_HOME or
+                             FEATURELAKE_CATALOG_URI is set, else the embedded lake in
+                             ``./.featurelake``
+
+Opening a lake (catalog connection, metadata) is not free, so lakes are cached per
+process, keyed by their resolved configuration.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+from dagster import ConfigurableResource
+from pydantic import Field
+
+if TYPE_CHECKING:  # the engine is imported lazily: loading definitions stays cheap
+    from featurelake import Lake
+
+DEFAULT_HOME = "./.featurelake"
+
+_CACHE: dict[tuple, "Lake"] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def clear_lake_cache() -> None:
+    """Forget every cached lake (tests; after a process forks a new configuration)."""
+    with _CACHE_LOCK:
+        _CACHE.clear()
+
+
+def _resolved_home(home: str) -> str:
+    return str(Path(os.path.expanduser(home)).resolve())
+
+
+class LakeResource(ConfigurableResource):
+    """Opens the featurelake lake this deployment uses."""
+
+    home: Optional[str] = Field(
+        default=None,
+        description="Folder of an embedded lake (SQLite catalog + local warehouse).",
+    )
+    catalog_uri: Optional[str] = Field(
+        default=None,
+        description="Catalog URI (e.g. postgresql+psycopg2://..., sqlite:///..., http(s):// REST).",
+    )
+    warehouse: Optional[str] = Field(
+        default=None,
+        description="Warehouse location used with catalog_uri (local path or object store URI).",
+    )
+    landing: Optional[str] = Field(
+        default=None,
+        description="Folder for raw landing files; default <lake home>/landing "
+        "(or FEATURELAKE_LANDING).",
+    )
+
+    # -- which lake ----------------------------------------------------------------
+    def _key(self) -> tuple:
+        if self.home:
+            return ("home", _resolved_home(self.home))
+        if self.catalog_uri:
+            return ("catalog", self.catalog_uri, self.warehouse or "")
+        if os.environ.get("FEATURELAKE_HOME"):
+            return ("home", _resolved_home(os.environ["FEATURELAKE_HOME"]))
+        if os.environ.get("FEATURELAKE_CATALOG_URI"):
+            return (
+                "catalog",
+                os.environ["FEATURELAKE_CATALOG_URI"],
+                os.environ.get("FEATURELAKE_WAREHOUSE", ""),
+            )
+        return ("home", _resolved_home(DEFAULT_HOME))
+
+    def describe(self) -> str:
+        """Where this resource points, for logs and metadata."""
+        key = self._key()
+        if key[0] == "home":
+            return f"embedded lake at {key[1]}"
+        return f"catalog {key[1]} (warehouse {key[2] or 'default'})"
+
+    def lake(self) -> "Lake":
+        """The :class:`featurelake.Lake` for this configuration (cached per process)."""
+        key = self._key()
+        with _CACHE_LOCK:
+            lake = _CACHE.get(key)
+            if lake is None:
+                lake = _open(key)
+                _CACHE[key] = lake
+            return lake
+
+    def landing_dir(self) -> Path:
+        """Folder where raw source files land (created on demand)."""
+        if self.landing:
+            root = Path(self.landing)
+        elif os.environ.get("FEATURELAKE_LANDING"):
+            root = Path(os.environ["FEATURELAKE_LANDING"])
+        else:
+            key = self._key()
+            if key[0] == "home":
+                root = Path(key[1]) / "landing"
+            else:
+                home = getattr(self.lake(), "home", None)
+                if not home:
+                    raise ValueError(
+                        "LakeResource: no landing folder for a catalog-configured lake; "
+                        "set the resource's `landing` field or FEATURELAKE_LANDING"
+                    )
+                root = Path(home) / "landing"
+        root = root.expanduser().resolve()
+        root.mkdir(parents=True, exist_ok=True)
+        return root
+
+
+def _open(key: tuple) -> "Lake":
+    from featurelake import Lake
+
+    if key[0] == "home":
+        return Lake(key[1])
+    _, uri, warehouse = key
+    return Lake.from_uri(uri, warehouse or None)
+
+
+def lake_resource_from_env(env: Optional[dict] = None) -> LakeResource:
+    """The ``LakeResource`` for this deployment, chosen from the environment.
+
+    FEATURELAKE_HOME -> embedded lake there; else FEATURELAKE_CATALOG_URI (+
+    FEATURELAKE_WAREHOUSE) -> that catalog; else the embedded lake in ./.featurelake.
+    FEATURELAKE_LANDING overrides where raw landing files go.
+    """
+    env = os.environ if env is None else env
+    landing = env.get("FEATURELAKE_LANDING") or None
+    if env.get("FEATURELAKE_HOME"):
+        return LakeResource(home=env["FEATURELAKE_HOME"], landing=landing)
+    if env.get("FEATURELAKE_CATALOG_URI"):
+        return LakeResource(
+            catalog_uri=env["FEATURELAKE_CATALOG_URI"],
+            warehouse=env.get("FEATURELAKE_WAREHOUSE") or None,
+            landing=landing,
+        )
+    return LakeResource(home=DEFAULT_HOME, landing=landing)
