@@ -144,16 +144,21 @@ def _timings_section(lake, context: dict) -> Optional[dict]:
     if not runs:
         return None
     per_asset: dict[str, float] = {}
+    per_partition: dict[str, dict] = {}
     for run in runs:
+        row = {}
         for step, seconds in run["steps"].items():
             per_asset[step] = per_asset.get(step, 0.0) + seconds
+            row[f"{step}_s"] = round(seconds, 3)
+        row["run_s"] = round(run["seconds"], 3)
+        per_partition[run["partition"]] = row
     total = sum(r["seconds"] for r in runs)
     rows = sum(r.get("rows", 0) for r in runs)
     return {
         "total_seconds": round(total, 3),
-        "per_asset_seconds": {k: round(v, 3) for k, v in per_asset.items()},
-        "per_partition_seconds": {r["partition"]: round(r["seconds"], 3) for r in runs},
         "rows_per_second": round(rows / total, 1) if total > 0 else None,
+        "per_asset_seconds": {k: round(v, 3) for k, v in per_asset.items()},
+        "per_partition": per_partition,
     }
 
 
@@ -168,56 +173,115 @@ def build_summary(lake, context: Optional[dict] = None) -> dict:
     return summary
 
 
-def _fmt(value: Any) -> str:
+#: Column headers shortened in the printed report (the dict keeps the full names).
+COLUMN_LABELS = {
+    "data_files": "files",
+    "small_files": "small",
+    "update_files": "updates",
+    "snapshots": "snaps",
+}
+#: Keys left out of the printed report (still in the returned dict).
+HIDDEN_KEYS = {"snapshot_id", "landing_dir", "runs"}
+
+
+def _human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:,.0f} {unit}" if unit == "B" else f"{size:,.1f} {unit}"
+        size /= 1024
+    return str(n)
+
+
+def _fmt(value: Any, key: str = "") -> str:
     if isinstance(value, bool) or value is None:
-        return str(value)
+        return "" if value is None else str(value)
+    if isinstance(value, int) and "bytes" in key:
+        return _human_bytes(value)
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, float):
-        return f"{value:,.3f}"
+        return f"{value:,.3f}" if abs(value) < 1000 else f"{value:,.0f}"
     if isinstance(value, (list, tuple)):
         return ", ".join(str(v) for v in value)
     return str(value)
 
 
-def print_summary(summary: dict, console=None) -> None:
-    """Render ``summary`` with rich: one table per section, generic over its shape."""
-    from rich.console import Console
+def _is_records(value: Any) -> bool:
+    return isinstance(value, dict) and bool(value) and all(isinstance(v, dict) for v in value.values())
+
+
+def _records_table(title: str, records: dict):
     from rich.table import Table
+
+    columns: list[str] = []
+    for record in records.values():
+        columns += [c for c in record if c not in columns and c not in HIDDEN_KEYS
+                    and not isinstance(record[c], dict)]
+    grid = Table(title=title, title_justify="left")
+    grid.add_column("", no_wrap=True)
+    for c in columns:
+        grid.add_column(COLUMN_LABELS.get(c, c), justify="right")
+    for key, record in records.items():
+        grid.add_row(str(key), *(_fmt(record.get(c), c) for c in columns))
+    return grid
+
+
+def _mapping_table(title: str, mapping: dict):
+    from rich.table import Table
+
+    grid = Table(title=title, title_justify="left", show_header=False)
+    grid.add_column("key", no_wrap=True)
+    grid.add_column("value", justify="right")
+    for key, value in mapping.items():
+        if key not in HIDDEN_KEYS:
+            grid.add_row(str(key), _fmt(value, str(key)))
+    return grid
+
+
+def print_summary(summary: dict, console=None) -> None:
+    """Render ``summary`` with rich, generically over each section's shape.
+
+    A section mapping names to dicts prints as one grid (a row per name); a
+    section of scalars prints as key/value pairs; nested mappings inside a section
+    print as their own grid or key/value table titled ``section · key``.
+    """
+    from rich.console import Console
 
     console = console or Console()
     head = [f"lake home: {summary.get('home')}"]
     if summary.get("dagster_home"):
-        head.append(f"dagster home: {summary['dagster_home']}  (make ui shows these runs)")
+        head.append(f"dagster home: {summary['dagster_home']}  (`make ui` shows these runs)")
     if summary.get("partitions"):
         p = summary["partitions"]
-        head.append(f"partitions: {p[0]} .. {p[-1]} ({len(p)} days, {summary.get('rows_per_day'):,} rows/day)")
+        per_day = summary.get("rows_per_day")
+        head.append(
+            f"partitions: {p[0]} .. {p[-1]} ({len(p)} days"
+            + (f", {per_day:,} rows/day)" if per_day is not None else ")")
+        )
     console.print("\n".join(head))
 
     for name, _ in SUMMARY_SECTIONS:
         section = summary.get(name)
         if not section:
             continue
-        rows = {k: v for k, v in section.items() if isinstance(v, dict)}
+        if not isinstance(section, dict):
+            console.print(f"{name}: {_fmt(section, name)}")
+            continue
+        if _is_records(section) and not any(_is_records(v) for v in section.values()):
+            console.print(_records_table(name, section))
+            continue
         scalars = {k: v for k, v in section.items() if not isinstance(v, dict)}
-        if rows:
-            columns: list[str] = []
-            for record in rows.values():
-                columns += [c for c in record if c not in columns]
-            grid = Table(title=name)
-            grid.add_column("name")
-            for c in columns:
-                grid.add_column(c, justify="right")
-            for key, record in rows.items():
-                grid.add_row(key, *(_fmt(record.get(c, "")) for c in columns))
-            console.print(grid)
         if scalars:
-            grid = Table(title=name if not rows else None, show_header=False)
-            grid.add_column("key")
-            grid.add_column("value", justify="right")
-            for key, value in scalars.items():
-                grid.add_row(key, _fmt(value))
-            console.print(grid)
+            console.print(_mapping_table(name, scalars))
+        for key, value in section.items():
+            if not isinstance(value, dict) or not value or key in HIDDEN_KEYS:
+                continue
+            title = f"{name} · {key}"
+            if _is_records(value):
+                console.print(_records_table(title, value))
+            else:
+                console.print(_mapping_table(title, value))
 
 
 # -- the demo -------------------------------------------------------------------------
@@ -239,13 +303,15 @@ def run_demo(
     *,
     seed: int = 0,
     print_report: bool = True,
+    log_level: str = "WARNING",
 ) -> dict:
     """Materialize ``raw_impressions`` and ``samples`` for ``days`` days into ``home``.
 
     Runs are recorded in the persistent Dagster instance at ``<home>/dagster``
     (DAGSTER_HOME is set to it while the demo runs, and restored afterwards).
     Returns the summary dict (see :func:`build_summary`) and prints it with rich
-    unless ``print_report`` is False.
+    (on ``console``, default a new ``rich.console.Console``) unless
+    ``print_report`` is False. ``log_level`` is Dagster's console log level.
     """
     home = Path(home).expanduser().resolve()
     home.mkdir(parents=True, exist_ok=True)
@@ -253,7 +319,9 @@ def run_demo(
     keys = demo_partition_keys(days)
     resource = LakeResource(home=str(home))
     run_config = {
-        "ops": {"raw_impressions": {"config": {"rows_per_day": int(rows_per_day), "seed": int(seed)}}}
+        "ops": {"raw_impressions": {"config": {"rows_per_day": int(rows_per_day), "seed": int(seed)}}},
+        # events still go to the instance (the UI); only the console stays quiet
+        "loggers": {"console": {"config": {"log_level": log_level}}},
     }
 
     runs: list[dict] = []
