@@ -153,7 +153,8 @@ class Scan:
         needed = list(dict.fromkeys(names + [n for n in filter_names if n not in names]))
         self.read_schema = schema.select(*needed) if needed else Schema()
         self.read_ids = {f.field_id for f in self.read_schema.fields}
-        self.output_schema = arrow_schema(schema.select(*names) if names else Schema(), field_ids=False)
+        selected = arrow_schema(schema.select(*names), field_ids=False) if names else pa.schema([])
+        self.output_schema = pa.schema([selected.field(n) for n in names])
         if with_locator:
             self.output_schema = self.output_schema.append(pa.field(LOCATOR_FILE, pa.string(), nullable=False))
             self.output_schema = self.output_schema.append(pa.field(LOCATOR_POS, pa.int64(), nullable=False))

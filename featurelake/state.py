@@ -192,7 +192,11 @@ class StateWriter:
     def changed(self) -> bool:
         return bool(self._changed)
 
-    def write(self) -> str:
+    def new_root_path(self) -> str:
+        """A fresh root path, known before the commit that will reference it."""
+        return f"{self.location}/state-{uuid.uuid4().hex}.json"
+
+    def write(self, root_path: str | None = None) -> str:
         """Write the changed shards and a new root; return the root's path.
 
         Totals are kept per shard in the root, so a commit costs what it
@@ -218,10 +222,10 @@ class StateWriter:
             "next_seq": self.next_seq,
             "shards": {str(k): v for k, v in sorted(shards.items())},
         }
-        path = f"{self.location}/state-{uuid.uuid4().hex}.json"
-        with self.io.new_output(path).create(overwrite=False) as out:
+        root_path = root_path or self.new_root_path()
+        with self.io.new_output(root_path).create(overwrite=False) as out:
             out.write(json.dumps(root).encode())
-        return path
+        return root_path
 
 
 # ---------------------------------------------------------------- file cache

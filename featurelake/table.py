@@ -242,6 +242,30 @@ class Table:
             _delete_quietly(ice, [f.file_path for f in files])
             raise
 
+    def backfill(self, data: Any, branch: str = MAIN, on_unknown: str = "error") -> int | None:
+        """Set columns of existing rows without rewriting any data file (one commit).
+
+        ``data`` holds the key column(s), or ``_file`` and ``_pos`` from
+        ``read(with_locator=True)``, plus the columns to set; columns not yet
+        in the schema are added. Unknown keys raise UnknownKeyError unless
+        ``on_unknown="skip"``. The report is kept in ``last_update_report``.
+        """
+        from featurelake.updates import apply_column_updates
+
+        report = apply_column_updates(self, data, branch, on_unknown=on_unknown)
+        self.last_update_report = report
+        return report.snapshot_id
+
+    def compact(self, branch: str = MAIN, **options: Any):
+        """Fold update files into rewritten data files and bin-pack small files (one commit).
+
+        Afterwards plain Iceberg readers see exactly what featurelake reads.
+        Returns a CompactionReport.
+        """
+        from featurelake.maintenance import compact
+
+        return compact(self, branch, **options)
+
     def _refuse_existing(self, ice: IcebergTable, head: Snapshot, key_table: pa.Table, extra=None) -> None:
         keys = self.primary_key
 

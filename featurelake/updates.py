@@ -1,0 +1,247 @@
+"""Merge-on-read column updates: backfill a feature or label without rewriting data files.
+
+A backfill writes, per touched data file, one *update file* holding only the
+changed columns (Parquet, Iceberg field ids) and the row positions they apply
+to (``_pos``, omitted when every row of the file is set). The update files
+enter the platform state of one new snapshot, in the same atomic commit as any
+schema change (new columns). Bytes written are proportional to the new values
+(invariant 2); no existing data file is touched.
+
+Rows are found by primary key (a vectorized join against the key columns of
+candidate files) or, when the input carries ``_file`` and ``_pos`` from
+``read(with_locator=True)``, directly by locator with no lookup at all.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyiceberg.table import Table as IcebergTable
+from pyiceberg.table.snapshots import Snapshot
+
+from featurelake import refs
+from featurelake.commit import optimistic
+from featurelake.errors import DuplicateKeyError, NullKeyError, SchemaMismatchError, UnknownKeyError
+from featurelake.keys import check_keys, locate
+from featurelake.read import POS_FIELD_ID
+from featurelake.schema import LOCATOR_FILE, LOCATOR_POS, RESERVED_PREFIX, _castable, arrow_schema, to_table
+from featurelake.state import STATE_KEY, StateWriter, UpdateEntry
+
+if TYPE_CHECKING:
+    from featurelake.table import Table
+
+OnUnknown = Literal["error", "skip"]
+
+
+@dataclass
+class UpdateReport:
+    """What one backfill or upsert wrote."""
+
+    snapshot_id: int | None = None
+    rows_updated: int = 0
+    rows_inserted: int = 0
+    unknown_skipped: int = 0
+    data_files_touched: int = 0
+    update_files: int = 0
+    bytes_written: int = 0
+    columns: list[str] = field(default_factory=list)
+    new_columns: list[str] = field(default_factory=list)
+
+
+def _split_input(table: "Table", data: pa.Table) -> tuple[bool, list[str]]:
+    """(by locator?, columns to set), refusing inputs that cannot be a backfill."""
+    keys = table.primary_key
+    names = data.column_names
+    by_locator = LOCATOR_FILE in names and LOCATOR_POS in names
+    if not by_locator:
+        missing = [k for k in keys if k not in names]
+        if missing:
+            raise SchemaMismatchError(
+                f"backfill input needs the key column(s) {keys} or the locator columns _file and _pos; missing {missing}",
+                missing,
+            )
+    locate_cols = {LOCATOR_FILE, LOCATOR_POS} | ({*keys} if not by_locator else set())
+    values = [c for c in names if c not in locate_cols and c not in keys]
+    bad = [c for c in values if c.startswith(RESERVED_PREFIX)]
+    if bad:
+        raise SchemaMismatchError(f"column names starting with '_' are reserved: {bad}", bad)
+    if not values:
+        raise SchemaMismatchError("backfill input has no column to set besides the key or locator")
+    schema = table._ice.schema()
+    spec = table._ice.spec()
+    partition_sources = {schema.find_column_name(f.source_id) for f in spec.fields}
+    frozen = [c for c in values if c in partition_sources]
+    if frozen:
+        raise SchemaMismatchError(f"partition source column(s) {frozen} cannot be updated in place", frozen)
+    return by_locator, values
+
+
+def _check_types(table_schema: pa.Schema, data: pa.Table, columns: list[str]) -> list[str]:
+    """The columns that are new; raise for existing columns of incompatible type."""
+    new, wrong = [], []
+    for c in columns:
+        if c not in table_schema.names:
+            t = data.schema.field(c).type
+            if pa.types.is_null(t):
+                wrong.append(f"new column {c!r} has no type (all nulls of type null)")
+            new.append(c)
+        elif not _castable(data.schema.field(c).type, table_schema.field(c).type):
+            wrong.append(f"column {c!r} is {table_schema.field(c).type}, input has {data.schema.field(c).type}")
+    if wrong:
+        raise SchemaMismatchError("backfill input does not fit: " + "; ".join(wrong), [w.split("'")[1] for w in wrong])
+    return new
+
+
+def _locate_by_key(table: "Table", ice: IcebergTable, head: Snapshot, data: pa.Table, on_unknown: OnUnknown, report: UpdateReport) -> pa.Table:
+    keys = table.primary_key
+
+    def make_scan(columns, filter, with_locator):
+        return table.scan(columns, filter, branch=str(head.snapshot_id), with_locator=with_locator, ice=ice)
+
+    found = locate(make_scan, data, keys)
+    joined = data.join(found, keys=keys, join_type="inner") if found.num_rows else None
+    matched = joined.num_rows if joined is not None else 0
+    if matched < data.num_rows:
+        missing = data.select(keys).join(found.select(keys), keys=keys, join_type="left anti") if found.num_rows else data.select(keys)
+        examples = missing.slice(0, 5).to_pylist()
+        examples = [r[keys[0]] if len(keys) == 1 else tuple(r[k] for k in keys) for r in examples]
+        if on_unknown != "skip":
+            raise UnknownKeyError(
+                f"{missing.num_rows} key(s) are not in {table.name}@{head.snapshot_id}, e.g. {examples}; "
+                "append them first, use upsert, or pass on_unknown='skip'",
+                examples,
+                count=missing.num_rows,
+            )
+        report.unknown_skipped = missing.num_rows
+    return joined if joined is not None else data.slice(0, 0)
+
+
+def _check_locators(table: "Table", ice: IcebergTable, head: Snapshot, data: pa.Table) -> None:
+    for c in (LOCATOR_FILE, LOCATOR_POS):
+        if data.column(c).null_count:
+            raise NullKeyError(f"locator column {c!r} holds nulls", count=data.column(c).null_count)
+    dups = data.select([LOCATOR_FILE, LOCATOR_POS]).group_by([LOCATOR_FILE, LOCATOR_POS]).aggregate([([], "count_all")])
+    dups = dups.filter(pc.greater(dups["count_all"], 1))
+    if dups.num_rows:
+        raise DuplicateKeyError(f"{dups.num_rows} row locator(s) repeat in the input", count=dups.num_rows)
+    sizes = {t.file.file_path: t.file.record_count for t in table.scan([], branch=str(head.snapshot_id), ice=ice).tasks()}
+    per_file = data.group_by(LOCATOR_FILE).aggregate([(LOCATOR_POS, "min"), (LOCATOR_POS, "max")])
+    bad = []
+    for f, lo, hi in zip(*(per_file.column(i).to_pylist() for i in range(3))):
+        if f not in sizes or lo < 0 or hi >= sizes[f]:
+            bad.append(f)
+    if bad:
+        raise UnknownKeyError(
+            f"{len(bad)} locator file(s) are not data files of {table.name}@{head.snapshot_id} "
+            f"or positions are out of range, e.g. {bad[:3]}",
+            bad[:5],
+            count=len(bad),
+        )
+
+
+def _groups(rows: pa.Table) -> list[tuple[str, pa.Table]]:
+    """Rows split per data file, each sorted by position."""
+    rows = rows.sort_by([(LOCATOR_FILE, "ascending"), (LOCATOR_POS, "ascending")])
+    files = rows.column(LOCATOR_FILE).combine_chunks().dictionary_encode()
+    idx = files.indices.to_numpy(zero_copy_only=False)
+    bounds = np.concatenate([[0], np.flatnonzero(np.diff(idx)) + 1, [len(idx)]])
+    return [(files.dictionary[idx[a]].as_py(), rows.slice(a, b - a)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+
+def write_update_file(ice: IcebergTable, path: str, values: pa.Table, target: pa.Schema, positions: pa.Array | None) -> int:
+    """Write one update file (only the given columns, plus ``_pos`` unless dense); return its size."""
+    arrays, fields = [], []
+    if positions is not None:
+        arrays.append(positions.cast(pa.int64()))
+        fields.append(pa.field(LOCATOR_POS, pa.int64(), nullable=False, metadata={b"PARQUET:field_id": str(POS_FIELD_ID).encode()}))
+    for f in target:
+        arrays.append(values.column(f.name).cast(f.type))
+        fields.append(f.with_nullable(True))
+    out_table = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+    codec = ice.metadata.properties.get("write.parquet.compression-codec", "zstd")
+    with ice.io.new_output(path).create(overwrite=False) as out:
+        pq.write_table(out_table, out, compression=codec, write_statistics=False)
+    return len(ice.io.new_input(path))
+
+
+def apply_column_updates(
+    table: "Table",
+    data: Any,
+    branch: str,
+    *,
+    on_unknown: OnUnknown = "error",
+) -> UpdateReport:
+    """Set columns of existing rows as update files in one commit (backfill, and upsert's update half)."""
+    data = to_table(data)
+    by_locator, columns = _split_input(table, data)
+    if not by_locator:
+        check_keys(data, table.primary_key)
+    report = UpdateReport(columns=list(columns))
+    written: list[str] = []
+
+    def attempt(ice: IcebergTable) -> UpdateReport:
+        from featurelake.table import _delete_quietly
+
+        _delete_quietly(ice, written)  # leftovers of an attempt that lost a commit race
+        written.clear()
+        head = refs.branch_head(ice.metadata, branch)
+        if head is None:
+            raise UnknownKeyError(f"{table.name}@{branch} is empty: nothing to backfill", count=data.num_rows)
+        current = arrow_schema(ice.schema(), field_ids=False)
+        new_columns = _check_types(current, data, columns)
+        if by_locator:
+            _check_locators(table, ice, head, data)
+            rows = data
+        else:
+            rows = _locate_by_key(table, ice, head, data, on_unknown, report)
+        if rows.num_rows == 0:
+            report.snapshot_id = head.snapshot_id
+            return report
+        tx = ice.transaction()
+        if new_columns:
+            with tx.update_schema() as us:
+                us.union_by_name(pa.schema([data.schema.field(c).with_nullable(True) for c in new_columns]))
+        schema = tx.table_metadata.schema()
+        target = arrow_schema(schema.select(*columns))
+        field_ids = tuple(schema.find_field(c).field_id for c in columns)
+        state = table._state(ice, head)
+        writer = StateWriter(state, ice.io, table._platform_dir(ice))
+        root_path = writer.new_root_path()
+        props = {STATE_KEY: root_path, "featurelake.operation": "backfill", "featurelake.columns": ",".join(columns)}
+        producer = tx.update_snapshot(snapshot_properties=props, branch=branch).fast_append()
+        sizes = {t.file.file_path: t.file.record_count for t in table.scan([], branch=str(head.snapshot_id), ice=ice).tasks()}
+        seq = writer.take_seq()
+        total_bytes = files = 0
+        for data_file, group in _groups(rows):
+            dense = group.num_rows == sizes[data_file]
+            path = f"{table._update_dir(ice)}/{producer.snapshot_id}-{uuid.uuid4().hex[:12]}.parquet"
+            size = write_update_file(ice, path, group, target, None if dense else group.column(LOCATOR_POS).combine_chunks())
+            written.append(path)
+            writer.add(
+                UpdateEntry(data_file, path, seq, field_ids, dense, group.num_rows, size, producer.snapshot_id)
+            )
+            total_bytes += size
+            files += 1
+        writer.write(root_path)
+        producer.commit()
+        new_ice = tx.commit_transaction()
+        report.snapshot_id = new_ice.metadata.refs[branch].snapshot_id
+        report.rows_updated = rows.num_rows
+        report.data_files_touched = report.update_files = files
+        report.bytes_written = total_bytes
+        report.new_columns = new_columns
+        return report
+
+    try:
+        return optimistic(table.refresh, attempt, f"backfill {table.name}@{branch}")
+    except BaseException:
+        from featurelake.table import _delete_quietly
+
+        if report.snapshot_id is None:
+            _delete_quietly(table._ice, written)
+        raise
