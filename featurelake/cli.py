@@ -46,6 +46,7 @@ MAIN = "main"
 READ_BATCH = 8192
 MAX_ERROR_CHARS = 400
 MAX_CELL_CHARS = 48
+MAX_WIDE_CELL_CHARS = 160
 
 
 class CLIError(Exception):
@@ -183,20 +184,7 @@ def stats_cmd(ctx: typer.Context, table: TableArg, branch: BranchOpt = MAIN, jso
     stats = _opts(ctx).lake().table(table).stats(branch=branch)
     if _wants_json(ctx, json_flag):
         return _emit_json(stats)
-    view = RichTable(title=f"{table}@{branch}", title_justify="left", show_header=False)
-    view.add_column("key", style="bold")
-    view.add_column("value", justify="right")
-    for key, value in stats.items():
-        if key in ("table", "branch"):
-            continue
-        if key.endswith("bytes"):
-            shown = _bytes(value)
-        elif key.endswith("_id"):
-            shown = _cell(value)
-        else:
-            shown = _count(value) if isinstance(value, int) else _cell(value)
-        view.add_row(key.replace("_", " "), shown)
-    _out().print(view)
+    _print_report(_out(), {k: v for k, v in stats.items() if k not in ("table", "branch")}, title=f"{table}@{branch}")
 
 
 @app.command("snapshots")
@@ -208,7 +196,9 @@ def snapshots_cmd(ctx: typer.Context, table: TableArg, branch: BranchOpt = MAIN,
     if not snaps:
         _out().print(Text(f"{table}@{branch} has no snapshots yet.", style="dim"))
         return
-    _out().print(_rows_table(snaps, title=f"Snapshots of {table}@{branch}"))
+    # parent_id is the next row's snapshot_id (the history is one ancestor chain): JSON only
+    names = [k for k in snaps[0] if k != "parent_id"]
+    _print_rows(_out(), snaps, names, title=f"Snapshots of {table}@{branch}")
 
 
 @app.command("read")
@@ -246,7 +236,7 @@ def read_cmd(
         return _emit_json(rows)
     where = f"{table}@{branch}" if snapshot is None else f"{table}@snapshot {snapshot}"
     out = _out()
-    out.print(_rows_table(rows, title=where, names=data.schema.names))
+    _print_rows(out, rows, data.schema.names, title=where)
     note = f"{len(rows)} row(s)" + (f"; more match (use --limit N, 0 for all)" if more else "")
     out.print(Text(note, style="dim"))
 
@@ -259,25 +249,40 @@ def append_cmd(
     t = _opts(ctx).lake().table(table)
     pf = _parquet(file)
     total = pf.metadata.num_rows
-    with _progress(f"Appending {file.name} to {table}@{branch}", total) as advance:
-        snapshot_id = t.append(_stream(pf, file, advance), branch=branch)
+    with _progress(f"Appending {file.name} to {table}@{branch}", total) as progress:
+        snapshot_id = t.append(_stream(pf, file, progress.advance), branch=branch)
     _report_write(ctx, json_flag, "append", table, branch, snapshot_id, total, f"Appended {_count(total)} row(s)")
 
 
 @app.command("backfill")
 def backfill_cmd(
-    ctx: typer.Context, table: TableArg, file: ParquetArg, branch: BranchOpt = MAIN, json_flag: JsonFlag = False
+    ctx: typer.Context,
+    table: TableArg,
+    file: ParquetArg,
+    branch: BranchOpt = MAIN,
+    skip_unknown: Annotated[
+        bool, typer.Option("--skip-unknown", help="Skip keys that are not in the table instead of failing.")
+    ] = False,
+    json_flag: JsonFlag = False,
 ) -> None:
-    """Set columns for existing keys from a Parquet file (key or _file/_pos + columns; new columns are added)."""
+    """Set columns of existing rows from a Parquet file: the key (or _file/_pos) plus the columns to set.
+
+    Columns not yet in the table are added; no data file is rewritten.
+    """
     t = _opts(ctx).lake().table(table)
     backfill = _engine_method(t, "backfill")
     data = _read_parquet(file)
+    kwargs = {"on_unknown": "skip"} if skip_unknown else {}
     with _progress(f"Backfilling {table}@{branch} from {file.name}"):
-        snapshot_id = backfill(data, branch=branch)
-    _report_write(
-        ctx, json_flag, "backfill", table, branch, snapshot_id, data.num_rows,
-        f"Backfilled {_count(data.num_rows)} row(s), column(s) {', '.join(data.schema.names)}",
-    )
+        snapshot_id = backfill(data, branch=branch, **kwargs)
+    report = getattr(t, "last_update_report", None)
+    details = _as_dict(report) if report is not None else {}
+    if _wants_json(ctx, json_flag):
+        payload = {"operation": "backfill", "table": table, "branch": branch, "rows": data.num_rows}
+        return _emit_json({**payload, **details, "snapshot_id": snapshot_id})
+    _print_write(f"Backfilled {_count(details.get('rows_updated', data.num_rows))} row(s)", table, branch, snapshot_id)
+    if details:
+        _print_report(_out(), details, title=None)
 
 
 @app.command("compact")
@@ -285,16 +290,12 @@ def compact_cmd(ctx: typer.Context, table: TableArg, branch: BranchOpt = MAIN, j
     """Fold update files and small files into new data files (the table becomes plain Iceberg)."""
     t = _opts(ctx).lake().table(table)
     compact = _engine_method(t, "compact")
-    with _progress(f"Compacting {table}@{branch}"):
-        report = _as_dict(compact(branch=branch))
+    with _progress(f"Compacting {table}@{branch}") as progress:
+        kwargs = {"progress": progress.update} if progress.live and _accepts(compact, "progress") else {}
+        report = _as_dict(compact(branch=branch, **kwargs))
     if _wants_json(ctx, json_flag):
         return _emit_json(report)
-    view = RichTable(title=f"Compacted {table}@{branch}", title_justify="left", show_header=False)
-    view.add_column("key", style="bold")
-    view.add_column("value", justify="right")
-    for key, value in report.items():
-        view.add_row(str(key).replace("_", " "), _bytes(value) if str(key).endswith("bytes") else _cell(value))
-    _out().print(view)
+    _print_report(_out(), report, title=f"Compacted {table}@{branch}")
 
 
 @app.command("demo")
@@ -321,7 +322,7 @@ def demo_cmd(
         kwargs["days"] = days
     if rows_per_day is not None:
         kwargs["rows_per_day"] = rows_per_day
-    if as_json and "print_report" in _parameters(run_demo):
+    if as_json and _accepts(run_demo, "print_report"):
         kwargs["print_report"] = False
     summary = run_demo(home, **kwargs)
     if as_json:
@@ -339,8 +340,9 @@ def _err() -> Console:
 
 def _print_error(e: BaseException) -> None:
     message = " ".join(str(e).split()) or type(e).__name__
-    if len(message) > MAX_ERROR_CHARS:
-        message = message[: MAX_ERROR_CHARS - 1] + "…"
+    if len(message) > MAX_ERROR_CHARS:  # keep the tail too: parsers put the position there
+        half = MAX_ERROR_CHARS // 2
+        message = f"{message[:half]} … {message[-half:]}"
     label = type(e).__name__ if isinstance(e, FeatureLakeError) and type(e) is not FeatureLakeError else "error"
     _err().print(Text.assemble((f"Error ({label}): " if label != "error" else "Error: ", "bold red"), (message, "red")),
                  soft_wrap=True)
@@ -357,11 +359,13 @@ def _engine_method(t: Any, name: str) -> Callable[..., Any]:
     return method
 
 
-def _parameters(fn: Callable[..., Any]) -> set[str]:
+def _accepts(fn: Callable[..., Any], name: str) -> bool:
+    """Whether ``fn`` takes keyword ``name`` (directly or through ``**kwargs``)."""
     try:
-        return set(inspect.signature(fn).parameters)
+        params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
-        return set()
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 def _first_rows(t: Any, limit: int, kwargs: dict[str, Any]) -> tuple[pa.Table, bool]:
@@ -414,28 +418,39 @@ def _stream(pf: Any, path: Path, advance: Callable[[int], None]) -> Iterator[pa.
         raise CLIError(f"cannot read {path} as Parquet: {e}") from e
 
 
+class _Progress:
+    """Progress callbacks for the engine; no-ops unless stderr is a terminal."""
+
+    def __init__(self, bar: Any = None, task: Any = None, label: str = "") -> None:
+        self.bar, self.task, self.label = bar, task, label
+
+    @property
+    def live(self) -> bool:
+        return self.bar is not None
+
+    def advance(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.advance(self.task, n)
+            task = self.bar.tasks[0]
+            if task.total and task.completed >= task.total:
+                self.bar.update(self.task, description=f"{self.label}: committing")
+
+    def update(self, done: int, total: int) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done, total=total or None)
+
+
 @contextlib.contextmanager
-def _progress(label: str, total: Optional[int] = None) -> Iterator[Callable[[int], None]]:
-    """A spinner (or a rows bar when ``total`` is known) on stderr, only when stderr is a terminal."""
+def _progress(label: str, total: Optional[int] = None) -> Iterator[_Progress]:
+    """A rich progress bar with a spinner on stderr, only when stderr is a terminal."""
     if not _stderr_is_terminal():
-        yield lambda n: None
+        yield _Progress()
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    if total is None:
-        with _err().status(label):
-            yield lambda n: None
-        return
     columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     with Progress(*columns, console=_err(), transient=True) as bar:
-        task = bar.add_task(label, total=total or None)
-
-        def advance(n: int) -> None:
-            bar.advance(task, n)
-            if total and bar.tasks[0].completed >= total:
-                bar.update(task, description=f"{label}: committing")
-
-        yield advance
+        yield _Progress(bar, bar.add_task(label, total=total or None), label)
 
 
 def _stderr_is_terminal() -> bool:
@@ -450,9 +465,29 @@ def _report_write(
 ) -> None:
     if _wants_json(ctx, json_flag):
         return _emit_json({"operation": op, "table": table, "branch": branch, "rows": rows, "snapshot_id": snapshot_id})
+    _print_write(what, table, branch, snapshot_id)
+
+
+def _print_write(what: str, table: str, branch: str, snapshot_id: Any) -> None:
     _out().print(
         Text.assemble((what, "green"), f" to {table}@{branch}: snapshot ", (str(snapshot_id), "bold")), soft_wrap=True
     )
+
+
+def _print_report(out: Console, report: dict[str, Any], title: Optional[str]) -> None:
+    view = RichTable(title=title, title_justify="left", show_header=False)
+    view.add_column("key", style="bold")
+    view.add_column("value", justify="right")
+    for key, value in report.items():
+        key = str(key)
+        if "bytes" in key.split("_"):
+            shown = _bytes(value)
+        elif key.endswith("_id") or not isinstance(value, int) or isinstance(value, bool):
+            shown = _cell(value)
+        else:
+            shown = _count(value)
+        view.add_row(key.replace("_", " "), shown)
+    out.print(view)
 
 
 def _as_dict(report: Any) -> dict[str, Any]:
@@ -505,18 +540,34 @@ def _emit_json(value: Any) -> None:
     typer.echo(json.dumps(_jsonable(value), indent=2, ensure_ascii=False))
 
 
-def _rows_table(rows: list[dict[str, Any]], title: str, names: Optional[list[str]] = None) -> RichTable:
-    names = names if names is not None else (list(rows[0]) if rows else [])
-    view = RichTable(title=title, title_justify="left")
-    for name in names:
-        numeric = bool(rows) and all(isinstance(r.get(name), (int, float)) or r.get(name) is None for r in rows)
-        view.add_column(name, justify="right" if numeric else "left", overflow="ellipsis", no_wrap=True)
-    for r in rows:
-        view.add_row(*(_cell(r.get(n)) for n in names))
-    return view
+def _print_rows(out: Console, rows: list[dict[str, Any]], names: list[str], title: str) -> None:
+    """A table when it fits the console, else one key/value block per row (like psql's \\x)."""
+    cells = [[_cell(r.get(n)) for n in names] for r in rows]
+    values = [max([0] + [len(str(c[i])) for c in cells]) for i in range(len(names))]
+    for headers in (names, [n.replace("_", "\n") for n in names]):
+        widths = [max(max(map(len, h.split("\n"))), v) for h, v in zip(headers, values)]
+        if sum(widths) + 3 * len(names) + 1 <= out.width:
+            view = RichTable(title=title, title_justify="left")
+            for header, width, name in zip(headers, widths, names):
+                numeric = bool(rows) and all(isinstance(r.get(name), (int, float)) or r.get(name) is None for r in rows)
+                view.add_column(header, justify="right" if numeric else "left", no_wrap=True, min_width=width)
+            for row in cells:
+                view.add_row(*row)
+            out.print(view)
+            return
+    out.print(Text(title, style="italic"))
+    key_width = max(map(len, names), default=1)
+    for number, r in enumerate(rows, 1):
+        out.rule(f"row {number}", align="left", style="dim")
+        grid = RichTable.grid(padding=(0, 2))
+        grid.add_column(style="bold", no_wrap=True, min_width=key_width)
+        grid.add_column(overflow="ellipsis", no_wrap=True)
+        for name in names:
+            grid.add_row(name, _cell(r.get(name), MAX_WIDE_CELL_CHARS))
+        out.print(grid)
 
 
-def _cell(v: Any) -> Text | str:
+def _cell(v: Any, width: int = MAX_CELL_CHARS) -> Text | str:
     if v is None:
         return Text("null", style="dim")
     if isinstance(v, float):
@@ -527,7 +578,7 @@ def _cell(v: Any) -> Text | str:
         s = json.dumps(_jsonable(v), separators=(",", ":"), ensure_ascii=False)
     else:
         s = str(v)
-    return s if len(s) <= MAX_CELL_CHARS else s[: MAX_CELL_CHARS - 1] + "…"
+    return s if len(s) <= width else s[: width - 1] + "…"
 
 
 def _count(v: Any) -> str:

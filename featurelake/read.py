@@ -228,12 +228,7 @@ class Scan:
             return
         try:
             for batch in pf.iter_batches(batch_size=batch_size or self.batch_size, columns=columns + extra, use_threads=True):
-                base = batch.select(columns) if columns else None
-                converted = (
-                    _to_requested_schema(requested, projected, base, downcast_ns_timestamp_to_us=True)
-                    if base is not None
-                    else _empty_batch(requested, batch.num_rows)
-                )
+                converted = _conform_batch(batch, projected, requested) if columns else _empty_batch(requested, batch.num_rows)
                 yield converted, batch.select(extra) if extra else None
         except (OSError, pa.ArrowInvalid) as e:
             raise CorruptFileError(f"file {path} is corrupt: {e}", path) from e
@@ -348,6 +343,30 @@ def _empty_batch(schema: Schema, rows: int) -> pa.RecordBatch:
     if len(target):
         return pa.RecordBatch.from_arrays([pa.nulls(rows, f.type) for f in target], schema=target)
     return pa.record_batch([pa.nulls(rows)], names=["_"]).select([])
+
+
+def _conform_batch(batch: pa.RecordBatch, file_schema: Schema, requested: Schema) -> pa.RecordBatch:
+    """A file's batch in the requested schema: columns matched by field id, renamed, cast.
+
+    Top-level columns are matched and cast directly (pyiceberg's general
+    conversion loses nulls of list<struct> values); nested schema evolution
+    falls back to pyiceberg's conversion.
+    """
+    target = arrow_schema(requested, field_ids=False)
+    by_id = {f.field_id: f.name for f in file_schema.fields}
+    columns = []
+    try:
+        for field, arrow_field in zip(requested.fields, target):
+            name = by_id.get(field.field_id)
+            if name is None:
+                columns.append(pa.nulls(batch.num_rows, arrow_field.type))
+                continue
+            col = batch.column(name)
+            columns.append(col if col.type.equals(arrow_field.type) else col.cast(arrow_field.type))
+        return pa.RecordBatch.from_arrays(columns, schema=target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        names = [f.name for f in file_schema.fields]
+        return _to_requested_schema(requested, file_schema, batch.select(names), downcast_ns_timestamp_to_us=True)
 
 
 def _with_locator(batch: pa.RecordBatch, path: str, start: int) -> pa.RecordBatch:

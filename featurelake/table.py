@@ -266,6 +266,39 @@ class Table:
 
         return compact(self, branch, **options)
 
+    # ------------------------------------------------------------ branches
+    def create_branch(self, name: str, from_ref: str | int = MAIN) -> int:
+        """Zero-copy branch at a branch, tag or snapshot id; returns the snapshot it starts at."""
+        from featurelake.branches import create_branch
+
+        return create_branch(self, name, from_ref)
+
+    def create_tag(self, name: str, ref: str | int = MAIN) -> int:
+        from featurelake.branches import create_tag
+
+        return create_tag(self, name, ref)
+
+    def branches(self) -> dict[str, int]:
+        """Branch name -> head snapshot id."""
+        from featurelake.branches import list_branches
+
+        return list_branches(self)
+
+    def tags(self) -> dict[str, int]:
+        from featurelake.branches import list_tags
+
+        return list_tags(self)
+
+    def drop_branch(self, name: str) -> None:
+        from featurelake.branches import drop_ref
+
+        drop_ref(self, name)
+
+    def drop_tag(self, name: str) -> None:
+        from featurelake.branches import SnapshotRefType, drop_ref
+
+        drop_ref(self, name, SnapshotRefType.TAG)
+
     def _refuse_existing(self, ice: IcebergTable, head: Snapshot, key_table: pa.Table, extra=None) -> None:
         keys = self.primary_key
 

@@ -104,7 +104,14 @@ def _locate_by_key(table: "Table", ice: IcebergTable, head: Snapshot, data: pa.T
         return table.scan(columns, filter, branch=str(head.snapshot_id), with_locator=with_locator, ice=ice)
 
     found = locate(make_scan, data, keys)
-    joined = data.join(found, keys=keys, join_type="inner") if found.num_rows else None
+    joined = None
+    if found.num_rows:
+        # Acero joins no nested payload columns: join keys and a row index, then take the rows.
+        probe = data.select(keys).append_column("__row", pa.array(np.arange(data.num_rows)))
+        hits = probe.join(found, keys=keys, join_type="inner")
+        joined = data.take(hits.column("__row")).append_column(LOCATOR_FILE, hits.column(LOCATOR_FILE)).append_column(
+            LOCATOR_POS, hits.column(LOCATOR_POS)
+        )
     matched = joined.num_rows if joined is not None else 0
     if matched < data.num_rows:
         missing = data.select(keys).join(found.select(keys), keys=keys, join_type="left anti") if found.num_rows else data.select(keys)

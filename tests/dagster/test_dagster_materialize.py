@@ -1,7 +1,6 @@
 """Materialize the main group in-process against a real, persistent DagsterInstance."""
 import pyarrow as pa
 import pyarrow.compute as pc
-import pytest
 from dagster import AssetKey, materialize
 
 from dagster_test_helpers import ROWS
@@ -51,9 +50,9 @@ def test_materialize_two_days_then_rematerialize(lake_home, instance):
     got = t.read()
     assert got.num_rows == oracle.num_rows == 2 * ROWS
     assert _rows_sorted(got, oracle.column_names) == _rows_sorted(oracle, oracle.column_names)
-    for i, day in enumerate(DAYS):
-        from assets.main import day_filter, partition_day
+    from assets.main import day_filter, partition_day
 
+    for day in DAYS:
         assert t.read(columns=["sample_id"], filter=day_filter(partition_day(day))).num_rows == ROWS
 
     # metadata reported by both assets
@@ -87,8 +86,6 @@ def test_materialize_two_days_then_rematerialize(lake_home, instance):
 
 
 def test_samples_without_landed_raw_fails_cleanly(lake_home, instance):
-    from dagster import Failure
-
     from assets.main import samples
     from resources import LakeResource
 

@@ -1,0 +1,73 @@
+"""Branches and tags: zero-copy refs for feature research and training targets.
+
+Creating a branch or tag only adds a ref to table metadata: no data file is
+copied. Names are checked and existing names refused, because pyiceberg's
+``create_branch`` silently moves an existing ref (LIBRARY-NOTES.md).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pyiceberg.table.refs import SnapshotRefType
+
+from featurelake import refs
+from featurelake.errors import BranchNotFoundError, FeatureLakeError, InvalidNameError
+
+if TYPE_CHECKING:
+    from featurelake.table import Table
+
+
+def _check_new_name(table: "Table", name: str) -> None:
+    refs.check_ref_name(name)
+    if name == refs.MAIN:
+        raise InvalidNameError("'main' is reserved")
+    if name in table._ice.metadata.refs:
+        raise InvalidNameError(f"{table.name} already has a branch or tag named {name!r}")
+
+
+def create_branch(table: "Table", name: str, from_ref: str | int = refs.MAIN) -> int:
+    """Create branch ``name`` at ``from_ref`` (branch, tag or snapshot id); returns its snapshot id."""
+    ice = table.refresh()
+    _check_new_name(table, name)
+    snapshot = refs.resolve(ice.metadata, from_ref)
+    if snapshot is None:
+        raise FeatureLakeError(f"{table.name}@{from_ref} has no snapshot yet: append data before branching")
+    ice.manage_snapshots().create_branch(snapshot.snapshot_id, name).commit()
+    table.refresh()
+    return snapshot.snapshot_id
+
+
+def create_tag(table: "Table", name: str, ref: str | int = refs.MAIN) -> int:
+    """Tag the snapshot ``ref`` points at (an immutable name for a training set)."""
+    ice = table.refresh()
+    _check_new_name(table, name)
+    snapshot = refs.resolve(ice.metadata, ref)
+    if snapshot is None:
+        raise FeatureLakeError(f"{table.name}@{ref} has no snapshot to tag")
+    ice.manage_snapshots().create_tag(snapshot.snapshot_id, name).commit()
+    table.refresh()
+    return snapshot.snapshot_id
+
+
+def list_branches(table: "Table") -> dict[str, int]:
+    """Branch name -> head snapshot id."""
+    meta = table.refresh().metadata
+    return {n: r.snapshot_id for n, r in sorted(meta.refs.items()) if r.snapshot_ref_type == SnapshotRefType.BRANCH}
+
+
+def list_tags(table: "Table") -> dict[str, int]:
+    meta = table.refresh().metadata
+    return {n: r.snapshot_id for n, r in sorted(meta.refs.items()) if r.snapshot_ref_type == SnapshotRefType.TAG}
+
+
+def drop_ref(table: "Table", name: str, kind: SnapshotRefType = SnapshotRefType.BRANCH) -> None:
+    """Remove a branch or tag (its files are reclaimed by garbage collection)."""
+    ice = table.refresh()
+    if name == refs.MAIN:
+        raise InvalidNameError("'main' cannot be dropped")
+    ref = ice.metadata.refs.get(name)
+    if ref is None or ref.snapshot_ref_type != kind:
+        raise BranchNotFoundError(f"{table.name} has no {kind.value} {name!r}")
+    ms = ice.manage_snapshots()
+    (ms.remove_branch(name) if kind == SnapshotRefType.BRANCH else ms.remove_tag(name)).commit()
+    table.refresh()
