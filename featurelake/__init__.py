@@ -7,7 +7,7 @@
 
 The engine never imports Dagster: notebooks and training jobs use it directly.
 """
-from featurelake import errors
+from featurelake import _compat, errors  # noqa: F401  (_compat patches pyiceberg first)
 from featurelake.lake import Lake
 from featurelake.table import Table
 
