@@ -294,6 +294,27 @@ class Table:
 
         drop_ref(self, name)
 
+    def merge(self, source: str | int, into: str = MAIN) -> int:
+        """Merge a branch (or tag or snapshot) into ``into``: fast-forward or three-way, one commit.
+
+        Raises MergeConflictError naming the data files and columns both sides changed.
+        """
+        from featurelake.merge import merge
+
+        return merge(self, source, into)
+
+    def rebase(self, branch: str, onto: str = MAIN) -> int:
+        """Replay ``branch``'s changes on ``onto``'s head and move the branch there."""
+        from featurelake.merge import rebase
+
+        return rebase(self, branch, onto)
+
+    def diff(self, branch: str, against: str = MAIN) -> dict[str, Any]:
+        """Rows, columns, files and bytes ``branch`` added since it forked from ``against``."""
+        from featurelake.merge import diff
+
+        return diff(self, branch, against)
+
     def drop_tag(self, name: str) -> None:
         from featurelake.branches import SnapshotRefType, drop_ref
 
@@ -341,7 +362,13 @@ class Table:
             "bytes": data_bytes + update_bytes,
             "snapshots": sum(1 for _ in refs.ancestors(ice.metadata, snapshot)),
             "columns": len(ice.schema().fields),
+            **(self._storage(branch) if snapshot_id is None and snapshot is not None else {}),
         }
+
+    def _storage(self, branch: str) -> dict[str, int]:
+        from featurelake.merge import storage
+
+        return storage(self, branch)
 
     def snapshots(self, branch: str = MAIN) -> list[dict[str, Any]]:
         """The branch's history, newest first: id, time, operation, summary."""

@@ -1,0 +1,312 @@
+"""Merging, rebasing and diffing branches, at (data file, column) granularity.
+
+A branch's changes since its fork point are a *change set*: data files added
+and removed, update files added and removed, columns touched. Merge replays the
+source's change set onto the target head in one new snapshot that references
+the existing files (never re-appending a file the target already has, which
+pyiceberg would silently accept and duplicate rows). When the target has not
+moved since the fork the merge is a fast-forward of the ref, after checking
+ancestry (pyiceberg's ref move does not).
+
+Conflicts are detected before anything is written and reported by file and
+column: both sides updated the same column of the same data file; one side
+removed or rewrote a data file the other updated; both rewrote the same file;
+or a column the source wrote no longer exists with the same id and type.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pyiceberg.manifest import DataFile
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table as IcebergTable
+from pyiceberg.table.snapshots import Snapshot
+
+from featurelake import refs
+from featurelake.commit import optimistic
+from featurelake.errors import BranchNotFoundError, FeatureLakeError, MergeConflictError
+from featurelake.state import STATE_KEY, PlatformState, StateWriter, UpdateEntry
+
+if TYPE_CHECKING:
+    from featurelake.table import Table
+
+_FILES_CACHE: dict[tuple[str, int], dict[str, DataFile]] = {}
+
+
+def snapshot_files(ice: IcebergTable, snapshot: Snapshot | None) -> dict[str, DataFile]:
+    """Live data files of a snapshot by path (cached: snapshots are immutable)."""
+    if snapshot is None:
+        return {}
+    key = (str(ice.metadata.table_uuid), snapshot.snapshot_id)
+    if key not in _FILES_CACHE:
+        if len(_FILES_CACHE) > 256:
+            _FILES_CACHE.clear()
+        _FILES_CACHE[key] = {t.file.file_path: t.file for t in ice.scan(snapshot_id=snapshot.snapshot_id).plan_files()}
+    return _FILES_CACHE[key]
+
+
+MERGED_FROM = "featurelake.merged-from"
+
+
+def _history(meta, head: Snapshot) -> list[Snapshot]:
+    """Ancestors including merged sources (a merge snapshot's second parent), nearest first."""
+    out, seen, frontier = [], set(), [head]
+    while frontier:
+        nxt = []
+        for snap in frontier:
+            if snap is None or snap.snapshot_id in seen:
+                continue
+            seen.add(snap.snapshot_id)
+            out.append(snap)
+            if snap.parent_snapshot_id is not None:
+                nxt.append(meta.snapshot_by_id(snap.parent_snapshot_id))
+            merged = snap.summary.get(MERGED_FROM) if snap.summary else None
+            if merged:
+                nxt.append(meta.snapshot_by_id(int(merged)))
+        frontier = nxt
+    return out
+
+
+def fork_point(meta, a: Snapshot, b: Snapshot) -> Snapshot | None:
+    """The nearest common ancestor of two snapshots, following merges."""
+    seen = {s.snapshot_id for s in _history(meta, b)}
+    for s in _history(meta, a):
+        if s.snapshot_id in seen:
+            return s
+    return None
+
+
+def _entries(state: PlatformState) -> dict[str, UpdateEntry]:
+    return {e.update_file: e for e in state.entries()}
+
+
+@dataclass
+class ChangeSet:
+    """What one side did between the fork point and its head."""
+
+    added_files: dict[str, DataFile] = field(default_factory=dict)
+    removed_files: dict[str, DataFile] = field(default_factory=dict)
+    added_updates: list[UpdateEntry] = field(default_factory=list)
+    removed_updates: list[UpdateEntry] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.added_files or self.removed_files or self.added_updates or self.removed_updates)
+
+    def updated(self) -> dict[str, set[int]]:
+        """Data file -> field ids this side wrote updates for."""
+        out: dict[str, set[int]] = {}
+        for e in self.added_updates:
+            out.setdefault(e.data_file, set()).update(e.field_ids)
+        return out
+
+
+def change_set(table: "Table", ice: IcebergTable, base: Snapshot, head: Snapshot) -> ChangeSet:
+    base_files, head_files = snapshot_files(ice, base), snapshot_files(ice, head)
+    base_updates = _entries(table._state(ice, base))
+    head_updates = _entries(table._state(ice, head))
+    return ChangeSet(
+        added_files={p: f for p, f in head_files.items() if p not in base_files},
+        removed_files={p: f for p, f in base_files.items() if p not in head_files},
+        added_updates=sorted((e for u, e in head_updates.items() if u not in base_updates), key=lambda e: e.seq),
+        removed_updates=[e for u, e in base_updates.items() if u not in head_updates],
+    )
+
+
+def _column_name(schema: Schema, field_id: int) -> str:
+    try:
+        return schema.find_column_name(field_id) or f"<field {field_id}>"
+    except ValueError:
+        return f"<field {field_id}>"
+
+
+def find_conflicts(ice: IcebergTable, source: ChangeSet, target: ChangeSet, source_schema: Schema) -> list[tuple[str, str, str]]:
+    """(data file, column, reason) for every change that cannot be combined."""
+    schema = ice.metadata.schema()
+    conflicts: list[tuple[str, str, str]] = []
+    src_updated, tgt_updated = source.updated(), target.updated()
+    for path, ids in src_updated.items():
+        both = ids & tgt_updated.get(path, set())
+        for fid in sorted(both):
+            conflicts.append((path, _column_name(schema, fid), "both sides updated this column of this data file"))
+        if path in target.removed_files:
+            for fid in sorted(ids):
+                conflicts.append((path, _column_name(schema, fid), "updated on the source, removed or rewritten on the target"))
+    for path, ids in tgt_updated.items():
+        if path in source.removed_files:
+            for fid in sorted(ids):
+                conflicts.append((path, _column_name(schema, fid), "removed or rewritten on the source, updated on the target"))
+    for path in sorted(source.removed_files.keys() & target.removed_files.keys()):
+        conflicts.append((path, "*", "both sides removed or rewrote this data file"))
+    current_ids = {f.field_id: f for f in schema.fields}
+    for fid in sorted({f for ids in src_updated.values() for f in ids}):
+        src_field = source_schema.find_field(fid) if fid in {f.field_id for f in source_schema.fields} else None
+        cur = current_ids.get(fid)
+        if src_field is None:
+            continue
+        if cur is None:
+            other = next((f for f in schema.fields if f.name == src_field.name), None)
+            reason = (
+                f"column exists on the target with type {other.field_type}, source wrote {src_field.field_type}"
+                if other is not None
+                else "column was dropped on the target"
+            )
+            conflicts.append(("*", src_field.name, reason))
+        elif cur.field_type != src_field.field_type:
+            conflicts.append(("*", src_field.name, f"type changed from {src_field.field_type} to {cur.field_type}"))
+    return conflicts
+
+
+def _raise_conflicts(source: str, into: str, conflicts: list[tuple[str, str, str]]) -> None:
+    shown = "; ".join(f"{c} of {f.rsplit('/', 1)[-1]}: {why}" for f, c, why in conflicts[:5])
+    more = f" (and {len(conflicts) - 5} more)" if len(conflicts) > 5 else ""
+    raise MergeConflictError(f"cannot merge {source!r} into {into!r}: {shown}{more}", conflicts)
+
+
+def _replay(
+    table: "Table",
+    ice: IcebergTable,
+    target_head: Snapshot,
+    changes: ChangeSet,
+    branch: str,
+    operation: str,
+    tx=None,
+    merged_from: int | None = None,
+) -> int:
+    """Commit ``changes`` on top of ``target_head`` as one snapshot on ``branch``."""
+    target_files = snapshot_files(ice, target_head)
+    state = table._state(ice, target_head)
+    writer = StateWriter(state, ice.io, table._platform_dir(ice))
+    dropped = {e.update_file for e in changes.removed_updates}
+    for e in changes.removed_updates:
+        writer.drop_where(e.data_file, lambda x, u=e.update_file: x.update_file == u)
+    for path in changes.removed_files:
+        writer.drop_data_file(path)
+    seq_map: dict[int, int] = {}
+    for e in changes.added_updates:
+        if e.update_file in dropped:
+            continue
+        if e.seq not in seq_map:
+            seq_map[e.seq] = writer.take_seq()
+        writer.add(UpdateEntry(e.data_file, e.update_file, seq_map[e.seq], e.field_ids, e.dense, e.rows, e.bytes, e.snapshot_id))
+    root = writer.write() if writer.changed else state.root_path
+    props = {"featurelake.operation": operation}
+    if merged_from is not None:
+        props[MERGED_FROM] = str(merged_from)
+    if root:
+        props[STATE_KEY] = root
+    tx = tx or ice.transaction()
+    removed = [f for p, f in changes.removed_files.items() if p in target_files]
+    added = [f for p, f in changes.added_files.items() if p not in target_files]
+    producer = tx.update_snapshot(snapshot_properties=props, branch=branch)
+    with (producer.overwrite() if removed else producer.fast_append()) as op:
+        for f in removed:
+            op.delete_data_file(f)
+        for f in added:
+            op.append_data_file(f)
+    return tx.commit_transaction().metadata.refs[branch].snapshot_id
+
+
+def _heads(ice: IcebergTable, source: str | int, into: str) -> tuple[Snapshot, Snapshot, Snapshot]:
+    src = refs.resolve(ice.metadata, source)
+    tgt = refs.branch_head(ice.metadata, into)
+    if src is None or tgt is None:
+        raise BranchNotFoundError(f"nothing to merge: {source!r} or {into!r} has no snapshot")
+    base = fork_point(ice.metadata, src, tgt)
+    if base is None:
+        raise FeatureLakeError(f"{source!r} and {into!r} share no history")
+    return src, tgt, base
+
+
+def merge(table: "Table", source: str | int, into: str = refs.MAIN) -> int:
+    """Merge ``source`` into branch ``into``; returns the target's new head snapshot id."""
+
+    def attempt(ice: IcebergTable) -> int:
+        src, tgt, base = _heads(ice, source, into)
+        if base.snapshot_id == src.snapshot_id:
+            return tgt.snapshot_id  # already merged
+        if base.snapshot_id == tgt.snapshot_id:
+            ice.manage_snapshots().create_branch(src.snapshot_id, into).commit()  # fast-forward
+            return src.snapshot_id
+        src_changes = change_set(table, ice, base, src)
+        tgt_changes = change_set(table, ice, base, tgt)
+        src_schema = ice.metadata.schema_by_id(src.schema_id) if src.schema_id is not None else ice.metadata.schema()
+        conflicts = find_conflicts(ice, src_changes, tgt_changes, src_schema or ice.metadata.schema())
+        if conflicts:
+            _raise_conflicts(str(source), into, conflicts)
+        return _replay(table, ice, tgt, src_changes, into, f"merge {source}", merged_from=src.snapshot_id)
+
+    return optimistic(table.refresh, attempt, f"merge {source} into {table.name}@{into}")
+
+
+def rebase(table: "Table", branch: str, onto: str = refs.MAIN) -> int:
+    """Replay ``branch``'s changes on ``onto``'s head and move ``branch`` there; returns its new head."""
+    from pyiceberg.table.update.snapshot import ManageSnapshots
+
+    def attempt(ice: IcebergTable) -> int:
+        head = refs.branch_head(ice.metadata, branch)
+        src, tgt, base = _heads(ice, onto, branch)  # "source" here is onto
+        if head is None:
+            raise BranchNotFoundError(f"no branch {branch!r}")
+        if base.snapshot_id == src.snapshot_id:
+            return head.snapshot_id  # onto has nothing new
+        if base.snapshot_id == head.snapshot_id:
+            ice.manage_snapshots().create_branch(src.snapshot_id, branch).commit()  # fast-forward
+            return src.snapshot_id
+        mine = change_set(table, ice, base, head)
+        theirs = change_set(table, ice, base, src)
+        head_schema = ice.metadata.schema_by_id(head.schema_id) if head.schema_id is not None else ice.metadata.schema()
+        conflicts = find_conflicts(ice, mine, theirs, head_schema or ice.metadata.schema())
+        if conflicts:
+            _raise_conflicts(branch, str(onto), conflicts)
+        tx = ice.transaction()
+        ManageSnapshots(tx).create_branch(src.snapshot_id, branch).commit()
+        return _replay(table, ice, src, mine, branch, f"rebase onto {onto}", tx=tx)
+
+    return optimistic(table.refresh, attempt, f"rebase {table.name}@{branch} onto {onto}")
+
+
+def diff(table: "Table", branch: str, against: str = refs.MAIN) -> dict[str, Any]:
+    """What ``branch`` changed since it forked from ``against``."""
+    ice = table.refresh()
+    src, tgt, base = _heads(ice, branch, against)
+    changes = change_set(table, ice, base, src)
+    schema = ice.metadata.schema()
+    base_schema = ice.metadata.schema_by_id(base.schema_id) if base.schema_id is not None else schema
+    base_ids = {f.field_id for f in (base_schema or schema).fields}
+    touched = sorted({f for e in changes.added_updates for f in e.field_ids})
+    return {
+        "branch": branch,
+        "against": against,
+        "fork_snapshot_id": base.snapshot_id,
+        "behind": sum(1 for _ in refs.ancestors(ice.metadata, tgt)) - sum(1 for _ in refs.ancestors(ice.metadata, base)),
+        "rows_added": sum(f.record_count for f in changes.added_files.values())
+        - sum(f.record_count for f in changes.removed_files.values()),
+        "columns_added": [_column_name(schema, f) for f in touched if f not in base_ids],
+        "columns_updated": [_column_name(schema, f) for f in touched if f in base_ids],
+        "data_files_added": len(changes.added_files),
+        "data_files_removed": len(changes.removed_files),
+        "update_files_added": len(changes.added_updates),
+        "bytes_added": sum(f.file_size_in_bytes for f in changes.added_files.values())
+        + sum(e.bytes for e in changes.added_updates),
+    }
+
+
+def storage(table: "Table", branch: str) -> dict[str, int]:
+    """Bytes ``branch`` references alone (what dropping it frees) versus shared with other refs."""
+    ice = table.refresh()
+    meta = ice.metadata
+
+    def referenced(snap: Snapshot | None) -> dict[str, int]:
+        files = {p: f.file_size_in_bytes for p, f in snapshot_files(ice, snap).items()}
+        files.update({e.update_file: e.bytes for e in table._state(ice, snap).entries()})
+        return files
+
+    mine = referenced(refs.resolve(meta, branch))
+    others: set[str] = set()
+    for name, ref in meta.refs.items():
+        if name != branch:
+            others.update(referenced(meta.snapshot_by_id(ref.snapshot_id)))
+    exclusive = sum(size for p, size in mine.items() if p not in others)
+    return {"exclusive_bytes": exclusive, "shared_bytes": sum(mine.values()) - exclusive}
