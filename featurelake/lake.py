@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -149,6 +150,17 @@ class Lake:
             self.catalog.drop_table(name)
         except NoSuchTableError as e:
             raise TableNotFoundError(f"no table {name!r} in the lake") from e
+
+    def collect_garbage(self, older_than: timedelta = timedelta(days=3), dry_run: bool = False):
+        """Delete files no retained snapshot of any branch or tag references.
+
+        Only files older than ``older_than`` go (writes in flight are younger).
+        ``dry_run`` lists them and their bytes without deleting. Returns a
+        GarbageReport.
+        """
+        from featurelake.gc import collect_garbage
+
+        return collect_garbage(self, older_than, dry_run)
 
     def __repr__(self) -> str:
         where = str(self.home) if self.home else getattr(self.catalog, "name", "?")

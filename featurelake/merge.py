@@ -102,7 +102,7 @@ class ChangeSet:
         return out
 
 
-def change_set(table: "Table", ice: IcebergTable, base: Snapshot, head: Snapshot) -> ChangeSet:
+def change_set(table: "Table", ice: IcebergTable, base: Snapshot | None, head: Snapshot) -> ChangeSet:
     base_files, head_files = snapshot_files(ice, base), snapshot_files(ice, head)
     base_updates = _entries(table._state(ice, base))
     head_updates = _entries(table._state(ice, head))

@@ -42,6 +42,7 @@ from pyiceberg.schema import Schema, prune_columns
 from pyiceberg.table import FileScanTask
 from pyiceberg.table.snapshots import Snapshot
 
+from featurelake.columns import is_hidden, original_name
 from featurelake.errors import CorruptFileError, FeatureLakeError, SchemaMismatchError
 from featurelake.schema import LOCATOR_FILE, LOCATOR_POS, arrow_schema
 from featurelake.state import PlatformState, UpdateEntry
@@ -126,6 +127,7 @@ class Scan:
         with_locator: bool = False,
         max_bad_file_ratio: float = 0.0,
         batch_size: int = DEFAULT_BATCH,
+        include_hidden: bool = False,
     ) -> None:
         if not 0.0 <= max_bad_file_ratio <= 1.0:
             raise ValueError("max_bad_file_ratio must be between 0 and 1")
@@ -139,13 +141,16 @@ class Scan:
         self.batch_size = batch_size
         self.report = ReadReport()
 
-        names = list(columns) if columns is not None else [f.name for f in schema.fields]
+        visible = [f.name for f in schema.fields if include_hidden or not is_hidden(f.name)]
+        names = list(columns) if columns is not None else visible
         reserved = [c for c in names if c in (LOCATOR_FILE, LOCATOR_POS)]
         if reserved:
             raise SchemaMismatchError(f"{reserved} are locator columns: ask with with_locator=True", reserved)
-        missing = [c for c in names if c not in {f.name for f in schema.fields}]
+        missing = [c for c in names if c not in visible]
         if missing:
-            raise SchemaMismatchError(f"unknown column(s) {missing}; table has {[f.name for f in schema.fields]}", missing)
+            deleted = [c for c in missing if any(is_hidden(f.name) and original_name(f.name) == c for f in schema.fields)]
+            hint = f" ({deleted} soft-deleted: restore_column brings them back)" if deleted else ""
+            raise SchemaMismatchError(f"unknown column(s) {missing}{hint}; table has {visible}", missing)
         self.columns = names
         self.bound_filter = bind_filter(schema, filter)
         filter_ids = _referenced_ids(self.bound_filter)

@@ -43,7 +43,7 @@ class Removal:
 def merged_rows(table: "Table", ice: IcebergTable, head: Snapshot, task: FileScanTask, with_locator: bool = False) -> pa.Table:
     """Every row of one data file at ``head``, update files merged, in the current schema."""
     # By id as a ref, not as snapshot_id=: the current schema, so rewritten files carry every column.
-    scan = table.scan(branch=str(head.snapshot_id), with_locator=with_locator, ice=ice)
+    scan = table.scan(branch=str(head.snapshot_id), with_locator=with_locator, ice=ice, include_hidden=True)
     batches = list(scan.read_file(task))
     return pa.Table.from_batches(batches, schema=scan.output_schema)
 

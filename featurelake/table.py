@@ -95,6 +95,7 @@ class Table:
         max_bad_file_ratio: float = 0.0,
         batch_size: int = DEFAULT_BATCH,
         ice: IcebergTable | None = None,
+        include_hidden: bool = False,
     ) -> Scan:
         """A snapshot-consistent scan, planned lazily (``.tasks()``, ``.to_table()``, ``.report``)."""
         ice = ice or self.refresh()
@@ -114,6 +115,7 @@ class Table:
             with_locator=with_locator,
             max_bad_file_ratio=max_bad_file_ratio,
             batch_size=batch_size,
+            include_hidden=include_hidden,
         )
 
     def read(
@@ -319,6 +321,40 @@ class Table:
         from featurelake.branches import SnapshotRefType, drop_ref
 
         drop_ref(self, name, SnapshotRefType.TAG)
+
+    # --------------------------------------------------------- maintenance
+    def expire_snapshots(self, older_than: datetime, retain_last: int = 1) -> list[int]:
+        """Expire old snapshots (ref heads and the last ``retain_last`` per branch stay)."""
+        from featurelake.gc import expire_snapshots
+
+        return expire_snapshots(self, older_than, retain_last)
+
+    def revert(self, snapshot_id: int, branch: str = MAIN) -> int:
+        """Undo one snapshot's operation in a new snapshot, keeping every later one.
+
+        Raises RevertDependencyError naming a later snapshot that builds on it.
+        """
+        from featurelake.revert import revert
+
+        return revert(self, snapshot_id, branch)
+
+    def soft_delete_column(self, name: str) -> str:
+        """Hide a feature column (a rename to a reserved name); returns the hidden name."""
+        from featurelake.columns import soft_delete_column
+
+        return soft_delete_column(self, name)
+
+    def restore_column(self, name: str) -> None:
+        """Bring a soft-deleted column back with its data and updates."""
+        from featurelake.columns import restore_column
+
+        restore_column(self, name)
+
+    def purge_column(self, name: str, grace: timedelta = timedelta(days=7)) -> None:
+        """Drop a soft-deleted column from the schema after the grace period."""
+        from featurelake.columns import purge_column
+
+        purge_column(self, name, grace)
 
     def _refuse_existing(self, ice: IcebergTable, head: Snapshot, key_table: pa.Table, extra=None) -> None:
         keys = self.primary_key
