@@ -1,10 +1,20 @@
-"""Group ``main``: raw impressions -> the main-branch training-sample table.
+"""Group ``main``: raw impressions -> the main-branch training-sample table -> labels.
 
-Both assets are daily partitioned. ``raw_impressions`` is the source: the day's
+All assets are daily partitioned. ``raw_impressions`` is the source: the day's
 synthetic impressions land as one Parquet file (cheap, replaced atomically).
-``samples`` loads that day into the Iceberg table ``ml.samples`` with an
-overwrite restricted to the day's ``ts`` range, so re-materializing a day
-replaces it and never duplicates rows.
+``samples`` loads that day's *features* into the Iceberg table ``ml.samples``
+with an overwrite restricted to the day's ``ts`` range, so re-materializing a
+day replaces it and never duplicates rows. The label ``click`` is left out of
+the samples: labels arrive separately, as in production (clicks are joined
+later than impressions). ``labels`` then backfills ``click`` plus derived
+per-user features of the day onto the existing rows through the engine's
+merge-on-read ``backfill``: no data file is rewritten, only small update files
+holding the new column values are written (the first backfill adds the columns
+to the schema in the same commit).
+
+Re-materializing ``samples`` for a day replaces that day's rows, so its labels
+are gone until ``labels`` runs again for the day (it is downstream of
+``samples``, so the asset graph re-runs it).
 
 The assets return ``MaterializeResult`` with metadata only: data never travels
 through IO managers.
@@ -39,6 +49,12 @@ SAMPLES_TABLE = "ml.samples"
 PRIMARY_KEY = "sample_id"
 TIME_COLUMN = "ts"
 PARTITION_BY = ["day(ts)"]
+#: The label: in the landing file, not loaded by ``samples``, backfilled by ``labels``.
+LABEL_COLUMN = "click"
+#: Derived per-user features of the day, backfilled together with the label.
+USER_IMPRESSIONS = "user_impressions_1d"
+USER_CTR = "user_ctr_1d"
+LABEL_COLUMNS = [LABEL_COLUMN, USER_IMPRESSIONS, USER_CTR]
 
 DEFAULT_START = "2026-01-01"
 DEFAULT_ROWS_PER_DAY = 20_000
@@ -171,7 +187,7 @@ def _overwrite_day(lake, name: str, data: pa.Table, day: date, attempts: int = 4
     from featurelake.errors import CommitConflictError
 
     for attempt in range(1, attempts + 1):
-        table = ensure_table(lake, name, data.schema)
+        table = ensure_table(lake, name, sample_schema())
         filt = day_filter(day, _ts_type(table, data))
         try:
             return table, filt, table.overwrite(data, filter=filt)
@@ -186,6 +202,28 @@ def _ts_type(table, data: pa.Table) -> Optional[pa.DataType]:
         return table.iceberg.schema().as_arrow().field(TIME_COLUMN).type
     except Exception:
         return data.schema.field(TIME_COLUMN).type
+
+
+def sample_schema() -> pa.Schema:
+    """The schema ``ml.samples`` is created with: the impressions minus the label."""
+    from featurelake.synthetic import impressions_schema
+
+    schema = impressions_schema()
+    return schema.remove(schema.get_field_index(LABEL_COLUMN))
+
+
+def _features_only(data: pa.Table) -> pa.Table:
+    """The landed impressions without the label (labels arrive through ``labels``)."""
+    return data.drop_columns([LABEL_COLUMN]) if LABEL_COLUMN in data.column_names else data
+
+
+def _landed(lake: LakeResource, day: date) -> Path:
+    path = landing_path(lake.landing_dir(), day)
+    if not path.exists():
+        raise Failure(
+            f"no landed raw impressions for {day} at {path}: materialize raw_impressions first"
+        )
+    return path
 
 
 def _check_day(data: pa.Table, day: date) -> None:
@@ -211,17 +249,14 @@ def _check_day(data: pa.Table, day: date) -> None:
     deps=[raw_impressions],
     kinds={"iceberg"},
     description=f"Main-branch training samples, Iceberg table {SAMPLES_TABLE} "
-    f"(primary key {PRIMARY_KEY}, partitioned by day(ts)); a day is replaced atomically.",
+    f"(primary key {PRIMARY_KEY}, partitioned by day(ts)): the day's features, without the "
+    f"label {LABEL_COLUMN!r} (backfilled by `labels`); a day is replaced atomically.",
 )
 def samples(context: AssetExecutionContext, lake: LakeResource) -> MaterializeResult:
     day = partition_day(context.partition_key)
-    path = landing_path(lake.landing_dir(), day)
-    if not path.exists():
-        raise Failure(
-            f"no landed raw impressions for {day} at {path}: materialize raw_impressions first"
-        )
+    path = _landed(lake, day)
     started = time.perf_counter()
-    data = pq.read_table(path)
+    data = _features_only(pq.read_table(path))
     _check_day(data, day)
 
     lk = lake.lake()
@@ -252,4 +287,134 @@ def samples(context: AssetExecutionContext, lake: LakeResource) -> MaterializeRe
     )
 
 
-main_assets = [raw_impressions, samples]
+# ---------------------------------------------------------------------------------
+def label_rows(raw: pa.Table) -> pa.Table:
+    """The backfill input for one day: ``sample_id``, the label and derived features.
+
+    ``raw`` holds at least ``sample_id``, ``user_id`` and ``click`` of one day.
+    Derived, per user over the day:
+
+    * ``user_impressions_1d`` (int32): the user's impressions that day;
+    * ``user_ctr_1d`` (float32): the user's click rate that day (clicks over
+      impressions with a known label; null when none is known).
+
+    ``user_ctr_1d`` includes the row's own label: it is an aggregate for
+    analysis and research branches, not a leak-free model input.
+    """
+    keys = raw.select([PRIMARY_KEY, "user_id", LABEL_COLUMN])
+    per_user = keys.group_by("user_id").aggregate(
+        [([], "count_all"), (LABEL_COLUMN, "sum"), (LABEL_COLUMN, "count")]
+    )
+    clicks = pc.cast(per_user.column(f"{LABEL_COLUMN}_sum"), pa.float64())
+    known = pc.cast(per_user.column(f"{LABEL_COLUMN}_count"), pa.float64())
+    ctr = pc.if_else(pc.greater(known, 0), pc.divide(clicks, known), pa.scalar(None, pa.float64()))
+    per_user = pa.table(
+        {
+            "user_id": per_user.column("user_id"),
+            USER_IMPRESSIONS: pc.cast(per_user.column("count_all"), pa.int32()),
+            USER_CTR: pc.cast(ctr, pa.float32()),
+        }
+    )
+    joined = keys.join(per_user, keys="user_id", join_type="left outer")
+    return pa.table(
+        {
+            PRIMARY_KEY: joined.column(PRIMARY_KEY),
+            LABEL_COLUMN: pc.cast(joined.column(LABEL_COLUMN), pa.int32()),
+            USER_IMPRESSIONS: joined.column(USER_IMPRESSIONS),
+            USER_CTR: joined.column(USER_CTR),
+        }
+    )
+
+
+class LabelsConfig(Config):
+    on_unknown: str = Field(
+        default="error",
+        description="Labels whose sample_id is not in the table: 'error' fails the run "
+        "(samples are stale: re-materialize them), 'skip' drops those labels.",
+    )
+
+
+@asset(
+    group_name=GROUP,
+    partitions_def=daily_partitions,
+    deps=[samples, raw_impressions],
+    kinds={"iceberg"},
+    description=f"The day's label {LABEL_COLUMN!r} and per-user derived features "
+    f"({USER_IMPRESSIONS}, {USER_CTR}) backfilled onto {SAMPLES_TABLE} by merge-on-read: "
+    "update files only, no data file rewritten.",
+)
+def labels(
+    context: AssetExecutionContext, config: LabelsConfig, lake: LakeResource
+) -> MaterializeResult:
+    from featurelake.errors import UnknownKeyError
+
+    if config.on_unknown not in ("error", "skip"):
+        raise Failure(f"labels: on_unknown must be 'error' or 'skip', got {config.on_unknown!r}")
+    day = partition_day(context.partition_key)
+    path = _landed(lake, day)
+    lk = lake.lake()
+    if not lk.table_exists(SAMPLES_TABLE):
+        raise Failure(f"{SAMPLES_TABLE} does not exist yet: materialize samples for {day} first")
+    table = lk.table(SAMPLES_TABLE)
+
+    started = time.perf_counter()
+    raw = pq.read_table(path, columns=[PRIMARY_KEY, "user_id", LABEL_COLUMN])
+    updates = label_rows(raw)
+    positives = int(pc.sum(updates.column(LABEL_COLUMN)).as_py() or 0)
+    if updates.num_rows == 0:  # an empty day: nothing to set, no commit
+        snapshot_id = table.stats().get("snapshot_id")
+        rows_updated = update_files = files_touched = bytes_written = skipped = 0
+        new_columns: list = []
+    else:
+        try:
+            snapshot_id = table.backfill(updates, on_unknown=config.on_unknown)
+        except UnknownKeyError as e:
+            raise Failure(
+                f"labels for {day}: {e}. The landed impressions and {SAMPLES_TABLE} disagree: "
+                f"re-materialize samples for {day} (or run labels with on_unknown='skip')"
+            ) from e
+        report = table.last_update_report
+        rows_updated = int(report.rows_updated)
+        update_files = int(report.update_files)
+        files_touched = int(report.data_files_touched)
+        bytes_written = int(report.bytes_written)
+        skipped = int(getattr(report, "unknown_skipped", 0))
+        new_columns = list(report.new_columns)
+    seconds = time.perf_counter() - started
+
+    stats = table.stats()
+    data_bytes = int(stats.get("data_bytes", stats.get("bytes", 0)))
+    ratio = bytes_written / data_bytes if data_bytes else 0.0
+    context.log.info(
+        f"{SAMPLES_TABLE}: backfilled {LABEL_COLUMNS} on {rows_updated} rows of {day} "
+        f"({update_files} update files, {bytes_written} bytes = {ratio:.2%} of "
+        f"{data_bytes} data bytes; snapshot {snapshot_id})"
+    )
+    return MaterializeResult(
+        metadata={
+            "table": MetadataValue.text(SAMPLES_TABLE),
+            "day": MetadataValue.text(day.isoformat()),
+            "columns": MetadataValue.text(", ".join(LABEL_COLUMNS)),
+            "new_columns": MetadataValue.text(", ".join(new_columns)),
+            "rows_updated": MetadataValue.int(rows_updated),
+            "dagster/row_count": MetadataValue.int(rows_updated),
+            "unknown_skipped": MetadataValue.int(skipped),
+            "positives": MetadataValue.int(positives),
+            "click_rate": MetadataValue.float(
+                round(positives / updates.num_rows, 6) if updates.num_rows else 0.0
+            ),
+            "update_files": MetadataValue.int(update_files),
+            "data_files_touched": MetadataValue.int(files_touched),
+            "bytes_written": MetadataValue.int(bytes_written),
+            "table_bytes": MetadataValue.int(int(stats.get("bytes", 0))),
+            "table_data_bytes": MetadataValue.int(data_bytes),
+            "table_update_bytes": MetadataValue.int(int(stats.get("update_bytes", 0))),
+            "table_update_files": MetadataValue.int(int(stats.get("update_files", 0))),
+            "write_ratio": MetadataValue.float(round(ratio, 6)),
+            "snapshot_id": MetadataValue.text(str(snapshot_id)),
+            "seconds": MetadataValue.float(round(seconds, 4)),
+        }
+    )
+
+
+main_assets = [raw_impressions, samples, labels]

@@ -102,7 +102,7 @@ def referenced_files(table: "Table", ice: IcebergTable) -> set[str]:
             if manifest.manifest_path in seen_manifests:
                 continue
             seen_manifests.add(manifest.manifest_path)
-            for entry in manifest.fetch_manifest_entry(io, discard_deleted=False):
+            for entry in manifest.fetch_manifest_entry(io, discard_deleted=True):
                 keep.add(entry.data_file.file_path)
         root = snap.summary.get(STATE_KEY) if snap.summary else None
         if root and root not in seen_states:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
+import warnings
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
@@ -21,6 +22,7 @@ from pyiceberg.table import Table as IcebergTable
 
 from featurelake import refs
 from featurelake.commit import optimistic
+from featurelake.errors import CorruptFileError
 from featurelake.rewrite import merged_rows, write_data_files
 from featurelake.state import STATE_KEY, StateWriter
 
@@ -47,6 +49,7 @@ class CompactionReport:
     seconds: float = 0.0
     attempts: int = 0
     skipped: bool = False
+    bad_files: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,6 +75,7 @@ def compact(
     target_file_bytes: int | None = None,
     small_file_bytes: int | None = None,
     fold_updates: bool = True,
+    max_bad_file_ratio: float = 0.0,
     progress: Callable[[int, int], None] | None = None,
 ) -> CompactionReport:
     """Rewrite files with update layers (folded) and bin-pack small files per partition.
@@ -114,6 +118,8 @@ def compact(
             report.skipped = True
             report.snapshot_id = head.snapshot_id
             return report
+        budget = int(max_bad_file_ratio * len(tasks) + 1e-9)
+        bad: dict[str, str] = {}
         writer = StateWriter(state, ice.io, table._platform_dir(ice))
         removed: list[DataFile] = []
         added: list[DataFile] = []
@@ -124,12 +130,22 @@ def compact(
                 (t.file.file_path, tuple(e.update_file for e in layers.get(t.file.file_path, []))) for t in bin_
             )
             if key not in reuse:
-                rows = pa.concat_tables([merged_rows(table, ice, head, t) for t in bin_])
-                files = write_data_files(ice, rows, write_uuid, counter)
+                parts = []
+                for t in bin_:
+                    try:
+                        parts.append(merged_rows(table, ice, head, t))
+                    except CorruptFileError as e:
+                        if len(bad) >= budget:
+                            raise
+                        bad[t.file.file_path] = str(e)
+                        warnings.warn(f"compaction leaves a bad file in place: {e}", stacklevel=2)
+                files = write_data_files(ice, pa.concat_tables(parts), write_uuid, counter) if parts else []
                 written.extend(f.file_path for f in files)
                 reuse[key] = files
             added.extend(reuse[key])
             for t in bin_:
+                if t.file.file_path in bad:
+                    continue
                 removed.append(t.file)
                 entries = writer.drop_data_file(t.file.file_path)
                 stats["files_in"] += 1
@@ -157,6 +173,7 @@ def compact(
         report.bytes_out = sum(f.file_size_in_bytes for f in added)
         report.update_files_folded = stats["folded"]
         report.update_bytes_folded = stats["folded_bytes"]
+        report.bad_files = sorted(bad)
         return report
 
     try:

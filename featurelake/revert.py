@@ -80,17 +80,20 @@ def revert(table: "Table", snapshot_id: int, branch: str = refs.MAIN) -> int:
         undo = _inverse(change_set(table, ice, parent, target))
         if undo.empty:
             raise FeatureLakeError(f"snapshot {snapshot_id} changed no data or update file: nothing to revert")
-        # Later snapshots, oldest first, must not build on what is undone.
-        later = chain[: [s.snapshot_id for s in chain].index(target.snapshot_id)]
-        for snap in reversed(later):
-            prev = meta.snapshot_by_id(snap.parent_snapshot_id)
-            why = _depends(undo, change_set(table, ice, prev, snap))
-            if why:
-                raise RevertDependencyError(
-                    f"cannot revert {snapshot_id}: later snapshot {snap.snapshot_id} depends on it ({why}); "
-                    f"revert {snap.snapshot_id} first",
-                    snap.snapshot_id,
-                )
+        # What later snapshots did, net (a later write already reverted does not count),
+        # must not build on what is undone; the error names the snapshot that did it.
+        why = _depends(undo, change_set(table, ice, target, head))
+        if why:
+            later = chain[: [s.snapshot_id for s in chain].index(target.snapshot_id)]
+            culprit = next(
+                (s for s in reversed(later) if _depends(undo, change_set(table, ice, meta.snapshot_by_id(s.parent_snapshot_id), s))),
+                head,
+            )
+            raise RevertDependencyError(
+                f"cannot revert {snapshot_id}: later snapshot {culprit.snapshot_id} depends on it ({why}); "
+                f"revert {culprit.snapshot_id} first",
+                culprit.snapshot_id,
+            )
         if undo.added_files:
             _refuse_restored_duplicates(table, ice, head, parent, undo)
         return _replay(table, ice, head, undo, branch, f"revert {snapshot_id}")

@@ -16,7 +16,7 @@ main_job = define_asset_job(
     "main_job",
     selection=AssetSelection.groups(main_group.GROUP),
     partitions_def=main_group.daily_partitions,
-    description="Raw impressions -> ml.samples for one day.",
+    description="Raw impressions -> ml.samples (features) -> labels backfilled, for one day.",
 )
 
 

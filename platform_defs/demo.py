@@ -1,5 +1,8 @@
 """End-to-end demo: materialize the ``main`` group for a few days, then summarize.
 
+Each day runs ``raw_impressions`` -> ``samples`` (features) -> ``labels`` (the
+click label and per-user features backfilled by merge-on-read) in one run.
+
 ``run_demo`` uses a persistent Dagster instance in ``<home>/dagster``, so
 ``make ui`` (``dagster dev -w workspace.yaml`` with DAGSTER_HOME=<home>/dagster and
 FEATURELAKE_HOME=<home>) shows the demo's runs and materializations.
@@ -138,6 +141,68 @@ def _landing_section(lake, context: dict) -> Optional[dict]:
     }
 
 
+def _run_metadata(context: dict, node: str) -> dict[str, dict]:
+    """Partition -> the metadata ``node`` reported in the demo's runs."""
+    out = {}
+    for run in context.get("runs") or []:
+        md = (run.get("materializations") or {}).get(node)
+        if md is not None:
+            out[run["partition"]] = md
+    return out
+
+
+@summary_section("labels")
+def _labels_section(lake, context: dict) -> Optional[dict]:
+    """Rows labelled and bytes written per day; labelled rows read back from the table."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    per_run = _run_metadata(context, "labels")
+    if not per_run or not lake.table_exists(main_group.SAMPLES_TABLE):
+        return None
+    table = lake.table(main_group.SAMPLES_TABLE)
+    stats = dict(table.stats())
+    landing = context.get("landing_dir")
+    per_day: dict[str, dict] = {}
+    landed_positives = read_back = 0
+    for key, md in per_run.items():
+        day = main_group.partition_day(key)
+        row = {
+            "rows": int(md.get("rows_updated", 0)),
+            "positives": int(md.get("positives", 0)),
+            "update_files": int(md.get("update_files", 0)),
+            "bytes_written": int(md.get("bytes_written", 0)),
+            "table_bytes": int(md.get("table_bytes", 0)),
+            # written / the table's data bytes at that commit
+            "write_ratio": float(md.get("write_ratio", 0.0)),
+        }
+        # the labels as the table serves them now (merge-on-read) vs the landing file
+        filt = f"{main_group.day_filter(day)} and {main_group.LABEL_COLUMN} = 1"
+        row["read_back"] = table.read(columns=[main_group.LABEL_COLUMN], filter=filt).num_rows
+        read_back += row["read_back"]
+        if landing:
+            path = main_group.landing_path(Path(landing), day)
+            if path.exists():
+                clicks = pq.read_table(path, columns=[main_group.LABEL_COLUMN]).column(0)
+                landed_positives += int(pc.sum(clicks).as_py() or 0)
+        per_day[key] = row
+    data_bytes = int(stats.get("data_bytes", 0))
+    update_bytes = int(stats.get("update_bytes", 0))
+    return {
+        "columns": ", ".join(main_group.LABEL_COLUMNS),
+        "rows_labelled": sum(r["rows"] for r in per_day.values()),
+        "bytes_written": sum(r["bytes_written"] for r in per_day.values()),
+        "table_update_files": int(stats.get("update_files", 0)),
+        "table_update_bytes": update_bytes,
+        "table_data_bytes": data_bytes,
+        "update_bytes_ratio": round(update_bytes / data_bytes, 4) if data_bytes else 0.0,
+        "landed_positives": landed_positives if landing else None,
+        "positives_read_back": read_back,
+        "read_back_ok": (read_back == landed_positives) if landing else None,
+        "per_day": per_day,
+    }
+
+
 @summary_section("timings")
 def _timings_section(lake, context: dict) -> Optional[dict]:
     runs = context.get("runs") or []
@@ -179,6 +244,11 @@ COLUMN_LABELS = {
     "small_files": "small",
     "update_files": "updates",
     "snapshots": "snaps",
+    "positives": "clicks",
+    "bytes_written": "written",
+    "table_bytes": "table",
+    "write_ratio": "of data",
+    "read_back": "read",
 }
 #: Keys left out of the printed report (still in the returned dict).
 HIDDEN_KEYS = {"snapshot_id", "landing_dir", "runs"}
@@ -200,6 +270,8 @@ def _fmt(value: Any, key: str = "") -> str:
         return _human_bytes(value)
     if isinstance(value, int):
         return f"{value:,}"
+    if isinstance(value, float) and key.endswith("ratio"):
+        return f"{value:.2%}"
     if isinstance(value, float):
         return f"{value:,.3f}" if abs(value) < 1000 else f"{value:,.0f}"
     if isinstance(value, (list, tuple)):
@@ -218,10 +290,10 @@ def _records_table(title: str, records: dict):
     for record in records.values():
         columns += [c for c in record if c not in columns and c not in HIDDEN_KEYS
                     and not isinstance(record[c], dict)]
-    grid = Table(title=title, title_justify="left")
+    grid = Table(title=title, title_justify="left", pad_edge=False)
     grid.add_column("", no_wrap=True)
     for c in columns:
-        grid.add_column(COLUMN_LABELS.get(c, c), justify="right")
+        grid.add_column(COLUMN_LABELS.get(c, c), justify="right", no_wrap=True)
     for key, record in records.items():
         grid.add_row(str(key), *(_fmt(record.get(c), c) for c in columns))
     return grid
@@ -295,6 +367,16 @@ def _step_seconds(result) -> dict[str, float]:
     return steps
 
 
+def _materializations(result) -> dict[str, dict]:
+    """Node -> the metadata (plain values) of its materialization in ``result``."""
+    out: dict[str, dict] = {}
+    for event in result.get_asset_materialization_events():
+        mat = event.step_materialization_data.materialization
+        node = mat.asset_key.to_user_string()
+        out[node] = {k: v.value for k, v in mat.metadata.items()}
+    return out
+
+
 def run_demo(
     home: str | Path,
     days: int = 3,
@@ -305,7 +387,7 @@ def run_demo(
     print_report: bool = True,
     log_level: str = "WARNING",
 ) -> dict:
-    """Materialize ``raw_impressions`` and ``samples`` for ``days`` days into ``home``.
+    """Materialize ``raw_impressions``, ``samples`` and ``labels`` for ``days`` days into ``home``.
 
     Runs are recorded in the persistent Dagster instance at ``<home>/dagster``
     (DAGSTER_HOME is set to it while the demo runs, and restored afterwards).
@@ -346,6 +428,7 @@ def run_demo(
                         "seconds": time.perf_counter() - started,
                         "steps": _step_seconds(result),
                         "rows": int(rows_per_day),
+                        "materializations": _materializations(result),
                     }
                 )
         finally:

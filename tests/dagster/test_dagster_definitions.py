@@ -28,11 +28,12 @@ def test_defs_in_process(lake_home, monkeypatch):
     defs = build_defs()
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
-    assert {"raw_impressions", "samples"} <= keys
-    for name in ("raw_impressions", "samples"):
+    assert {"raw_impressions", "samples", "labels"} <= keys
+    for name in ("raw_impressions", "samples", "labels"):
         assert graph.get(AssetKey(name)).group_name == "main"
+    assert graph.get(AssetKey("labels")).parent_keys == {AssetKey("samples"), AssetKey("raw_impressions")}
     job = defs.resolve_job_def("main_job")
-    assert {n.name for n in job.nodes} == {"raw_impressions", "samples"}
+    assert {n.name for n in job.nodes} == {"raw_impressions", "samples", "labels"}
     lake = defs.resources["lake"]
     assert isinstance(lake, LakeResource)
     assert lake.home == str(lake_home)

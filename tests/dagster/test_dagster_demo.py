@@ -23,11 +23,23 @@ def test_run_demo_smoke(tmp_path, monkeypatch):
     assert samples["data_files"] >= 1 and samples["bytes"] > 0 and samples["snapshots"] >= 2
     assert summary["landing"]["impressions"]["files"] == 2
     timings = summary["timings"]
-    assert set(timings["per_asset_seconds"]) == {"raw_impressions", "samples"}
+    assert set(timings["per_asset_seconds"]) == {"raw_impressions", "samples", "labels"}
     assert timings["total_seconds"] > 0
+
+    labels = summary["labels"]
+    assert labels["rows_labelled"] == 600
+    assert labels["landed_positives"] > 0
+    assert labels["positives_read_back"] == labels["landed_positives"] and labels["read_back_ok"]
+    assert labels["table_update_files"] >= 2 and samples["update_files"] == labels["table_update_files"]
+    assert 0 < labels["bytes_written"] < labels["table_data_bytes"]
+    assert set(labels["per_day"]) == {"2026-01-01", "2026-01-02"}
+    for row in labels["per_day"].values():
+        assert row["rows"] == 300 and row["bytes_written"] > 0 and row["read_back"] == row["positives"]
+        assert 0 < row["write_ratio"] < 1
 
     out = buf.getvalue()
     assert "ml.samples" in out and "600" in out and "timings" in out
+    assert "labels · per_day" in out and "read_back_ok" in out
 
     # runs are in the persistent instance that `make ui` opens
     dagster_home = home / "dagster"
@@ -41,6 +53,7 @@ def test_run_demo_smoke(tmp_path, monkeypatch):
     # a second demo run re-materializes the same days: still no duplicates
     again = run_demo(home, days=2, rows_per_day=300, print_report=False)
     assert again["tables"]["ml.samples"]["rows"] == 600
+    assert again["labels"]["read_back_ok"] and again["labels"]["rows_labelled"] == 600
 
 
 def test_summary_sections_extend():

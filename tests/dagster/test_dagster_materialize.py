@@ -22,6 +22,7 @@ def _materialize(key, lake_home, instance, rows=ROWS):
 
 
 def _oracle(day_indexes, rows=ROWS) -> pa.Table:
+    """The generator's impressions of those days: features and the label ``click``."""
     from assets.main import START
     from featurelake.synthetic import impressions_for_day, impressions_schema
 
@@ -49,6 +50,7 @@ def test_materialize_two_days_then_rematerialize(lake_home, instance):
     oracle = _oracle([0, 1])
     got = t.read()
     assert got.num_rows == oracle.num_rows == 2 * ROWS
+    # every generator column, the label included (backfilled by `labels`), round-trips
     assert _rows_sorted(got, oracle.column_names) == _rows_sorted(oracle, oracle.column_names)
     from assets.main import day_filter, partition_day
 
@@ -64,11 +66,15 @@ def test_materialize_two_days_then_rematerialize(lake_home, instance):
         assert key in md, key
     assert md["rows"] == 2 * ROWS and md["partition_rows"] == ROWS
     assert md["files"] >= 1 and md["bytes"] > 0
-    assert int(md["snapshot_id"]) == t.stats()["snapshot_id"]
+    # labels committed on top of the day's samples: the samples snapshot is the head's parent
+    head = t.stats()["snapshot_id"]
+    assert int(_metadata(results[1], "labels")["snapshot_id"]) == head
+    history = t.snapshots()
+    assert history[0]["snapshot_id"] == head and history[1]["snapshot_id"] == int(md["snapshot_id"])
     first_snapshot = int(md["snapshot_id"])
 
-    # the persistent instance saw both partitions of both assets
-    for name in ("raw_impressions", "samples"):
+    # the persistent instance saw both partitions of every asset
+    for name in ("raw_impressions", "samples", "labels"):
         assert instance.get_materialized_partitions(AssetKey(name)) == set(DAYS)
 
     # re-materializing a day replaces it: no duplicates, same data, a new snapshot

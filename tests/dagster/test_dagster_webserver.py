@@ -71,6 +71,7 @@ def test_webserver_serves_main_assets(tmp_path, lake_home, dagster_home):
             time.sleep(0.5)
         assert nodes.get("raw_impressions") == "main", (nodes, logs())
         assert nodes.get("samples") == "main", (nodes, logs())
+        assert nodes.get("labels") == "main", (nodes, logs())
     finally:
         try:
             os.killpg(proc.pid, signal.SIGTERM)
