@@ -111,6 +111,7 @@ def referenced_files(table: "Table", ice: IcebergTable) -> set[str]:
             state = state_of(meta, io, snap)
             keep.update(state.shards.values())
             keep.update(e.update_file for e in state.entries())
+            keep.update(seg["path"] for seg in state.index_segments)
     for stats in list(getattr(meta, "statistics", []) or []) + list(getattr(meta, "partition_statistics", []) or []):
         keep.add(stats.statistics_path)
     return keep

@@ -17,10 +17,14 @@ from pyiceberg.expressions import And, GreaterThanOrEqual, LessThanOrEqual
 from pyiceberg.table import FileScanTask
 
 from featurelake.errors import DuplicateKeyError, NullKeyError
-from featurelake.schema import LOCATOR_FILE, LOCATOR_POS
+from featurelake.schema import LOCATOR_FILE, LOCATOR_POS, arrow_schema
 
 if TYPE_CHECKING:
+    from pyiceberg.table import Table as IcebergTable
+    from pyiceberg.table.snapshots import Snapshot
+
     from featurelake.read import Scan
+    from featurelake.table import Table
 
 
 def _rows(tbl: pa.Table, keys: Sequence[str], mask: pa.ChunkedArray | pa.Array, limit: int = 5) -> list:
@@ -86,15 +90,18 @@ def candidate_tasks(scan: "Scan", tbl: pa.Table, key: str) -> list[FileScanTask]
     return out
 
 
-def locate(make_scan, tbl: pa.Table, keys: Sequence[str]) -> pa.Table:
-    """The rows of the table holding ``tbl``'s keys: key columns plus ``_file`` and ``_pos``.
+def locate(make_scan, tbl: pa.Table, keys: Sequence[str], only_files: set[str] | None = None) -> pa.Table:
+    """The rows of the table holding ``tbl``'s keys, by scanning key columns: keys, ``_file``, ``_pos``.
 
-    ``make_scan(columns, filter, with_locator)`` builds a snapshot-consistent scan.
+    ``make_scan(columns, filter, with_locator)`` builds a snapshot-consistent
+    scan; ``only_files`` limits it to those data files.
     """
+    scan = make_scan(list(keys), _key_bounds_filter(tbl, keys[0]) if tbl.num_rows else None, True)
     if tbl.num_rows == 0:
-        return pa.table({})
-    scan = make_scan(list(keys), _key_bounds_filter(tbl, keys[0]), True)
+        return scan.output_schema.empty_table()
     tasks = candidate_tasks(scan, tbl, keys[0])
+    if only_files is not None:
+        tasks = [t for t in tasks if t.file.file_path in only_files]
     probe = tbl.select(list(keys))
     parts = []
     for task in tasks:
@@ -112,8 +119,61 @@ def locate(make_scan, tbl: pa.Table, keys: Sequence[str]) -> pa.Table:
     return pa.concat_tables(parts)
 
 
-def existing_keys(make_scan, tbl: pa.Table, keys: Sequence[str]) -> pa.Table:
-    return locate(make_scan, tbl, keys).select(list(keys)) if tbl.num_rows else tbl.select(list(keys))
+def find(table: "Table", ice: "IcebergTable", snapshot: "Snapshot | None", key_table: pa.Table) -> pa.Table:
+    """Where ``key_table``'s keys live at ``snapshot``: key columns, ``_file``, ``_pos``.
+
+    Uses the global key index (cost grows with the batch); data files no
+    index segment covers (another engine's writes) are scanned instead, and
+    hashed (non-integer or composite) keys are verified against the data.
+    """
+    from featurelake import index
+    from featurelake.merge import snapshot_files
+
+    keys = table.primary_key
+
+    def make_scan(columns, filter, with_locator):
+        return table.scan(columns, filter, branch=str(snapshot.snapshot_id), with_locator=with_locator, ice=ice)
+
+    if snapshot is None:
+        return table.scan(keys, with_locator=True, ice=ice).output_schema.empty_table()
+    schema = ice.metadata.schema()
+    target = pa.schema([arrow_schema(schema, field_ids=False).field(k) for k in keys])
+    key_table = pa.Table.from_arrays([key_table.column(k).cast(target.field(k).type) for k in keys], schema=target)
+    live = set(snapshot_files(ice, snapshot))
+    segments = table._state(ice, snapshot).index_segments
+    parts = []
+    if key_table.num_rows and segments:
+        rows, files, pos = index.lookup(ice.io, segments, index.encode(key_table), live)
+        if len(rows):
+            hits = key_table.take(pa.array(rows))
+            hits = hits.append_column(LOCATOR_FILE, pa.array(files, pa.string())).append_column(LOCATOR_POS, pa.array(pos))
+            if not index.key_is_exact(schema, keys):
+                hits = _verify(ice, hits, keys)
+            parts.append(hits)
+    uncovered = live - index.covered_files(ice.io, segments) if segments else live
+    if uncovered and key_table.num_rows:
+        parts.append(locate(make_scan, key_table, keys, only_files=uncovered))
+    if not parts:
+        return make_scan(list(keys), None, True).output_schema.empty_table()
+    out_schema = parts[-1].schema if len(parts) == 1 else parts[0].schema
+    return pa.concat_tables([p.cast(out_schema) for p in parts])
 
 
-__all__ = ["check_keys", "duplicate_keys", "locate", "existing_keys", "LOCATOR_FILE", "LOCATOR_POS"]
+def _verify(ice: "IcebergTable", hits: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """Drop hash collisions: keep hits whose data row really holds the key."""
+    from featurelake.index import read_key_columns
+
+    keep = np.zeros(hits.num_rows, dtype=bool)
+    files = hits.column(LOCATOR_FILE).to_pylist()
+    positions = hits.column(LOCATOR_POS).to_numpy()
+    for path in set(files):
+        rows = np.flatnonzero(np.array([f == path for f in files]))
+        actual = read_key_columns(ice, path, keys).take(pa.array(positions[rows]))
+        same = np.ones(len(rows), dtype=bool)
+        for k in keys:
+            same &= pc.fill_null(pc.equal(actual.column(k), hits.column(k).take(pa.array(rows))), False).to_numpy(zero_copy_only=False)
+        keep[rows[same]] = True
+    return hits.filter(pa.array(keep))
+
+
+__all__ = ["check_keys", "duplicate_keys", "locate", "find", "LOCATOR_FILE", "LOCATOR_POS"]

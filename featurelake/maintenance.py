@@ -20,7 +20,7 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import FileScanTask
 from pyiceberg.table import Table as IcebergTable
 
-from featurelake import refs
+from featurelake import index, refs
 from featurelake.commit import optimistic
 from featurelake.errors import CorruptFileError
 from featurelake.rewrite import merged_rows, write_data_files
@@ -155,6 +155,12 @@ def compact(
                 stats["rows"] += t.file.record_count
             if progress:
                 progress(i + 1, len(chosen))
+        removed_paths = {f.file_path for f in removed}
+        live_after = ({t.file.file_path for t in tasks} - removed_paths) | {f.file_path for f in added}
+        # Rewritten rows moved: index the new files, and merge the index while at it.
+        index.extend(ice, writer, [f.file_path for f in added], table.primary_key, live_after)
+        if len(writer.index_segments) > 1:
+            writer.replace_index_segments(index.merge(ice.io, index.location_of(ice), writer.index_segments, live_after))
         root = writer.write() if writer.changed else state.root_path
         snapshot_props = {"featurelake.operation": "compact"}
         if root:

@@ -173,11 +173,19 @@ def _replay(
     operation: str,
     tx=None,
     merged_from: int | None = None,
+    index_from: Snapshot | None = None,
 ) -> int:
-    """Commit ``changes`` on top of ``target_head`` as one snapshot on ``branch``."""
+    """Commit ``changes`` on top of ``target_head`` as one snapshot on ``branch``.
+
+    The key index becomes the union of the target's segments and those of
+    ``index_from`` (which covers the files ``changes`` adds); entries of
+    files not live afterwards are ignored by lookups and dropped by merges.
+    """
     target_files = snapshot_files(ice, target_head)
     state = table._state(ice, target_head)
     writer = StateWriter(state, ice.io, table._platform_dir(ice))
+    if index_from is not None:
+        writer.add_index_segments(table._state(ice, index_from).index_segments)
     dropped = {e.update_file for e in changes.removed_updates}
     for e in changes.removed_updates:
         writer.drop_where(e.data_file, lambda x, u=e.update_file: x.update_file == u)
@@ -235,7 +243,7 @@ def merge(table: "Table", source: str | int, into: str = refs.MAIN) -> int:
         conflicts = find_conflicts(ice, src_changes, tgt_changes, src_schema or ice.metadata.schema())
         if conflicts:
             _raise_conflicts(str(source), into, conflicts)
-        return _replay(table, ice, tgt, src_changes, into, f"merge {source}", merged_from=src.snapshot_id)
+        return _replay(table, ice, tgt, src_changes, into, f"merge {source}", merged_from=src.snapshot_id, index_from=src)
 
     return optimistic(table.refresh, attempt, f"merge {source} into {table.name}@{into}")
 
@@ -262,7 +270,7 @@ def rebase(table: "Table", branch: str, onto: str = refs.MAIN) -> int:
             _raise_conflicts(branch, str(onto), conflicts)
         tx = ice.transaction()
         ManageSnapshots(tx).create_branch(src.snapshot_id, branch).commit()
-        return _replay(table, ice, src, mine, branch, f"rebase onto {onto}", tx=tx)
+        return _replay(table, ice, src, mine, branch, f"rebase onto {onto}", tx=tx, index_from=head)
 
     return optimistic(table.refresh, attempt, f"rebase {table.name}@{branch} onto {onto}")
 

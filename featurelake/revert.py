@@ -19,7 +19,7 @@ from pyiceberg.table import Table as IcebergTable
 from featurelake import refs
 from featurelake.commit import optimistic
 from featurelake.errors import BranchNotFoundError, DuplicateKeyError, FeatureLakeError
-from featurelake.keys import locate
+from featurelake.keys import find
 from featurelake.schema import LOCATOR_FILE
 from featurelake.merge import ChangeSet, _replay, change_set
 
@@ -96,7 +96,7 @@ def revert(table: "Table", snapshot_id: int, branch: str = refs.MAIN) -> int:
             )
         if undo.added_files:
             _refuse_restored_duplicates(table, ice, head, parent, undo)
-        return _replay(table, ice, head, undo, branch, f"revert {snapshot_id}")
+        return _replay(table, ice, head, undo, branch, f"revert {snapshot_id}", index_from=parent)
 
     return optimistic(table.refresh, attempt, f"revert {snapshot_id} on {table.name}@{branch}")
 
@@ -112,12 +112,7 @@ def _refuse_restored_duplicates(table: "Table", ice: IcebergTable, head, parent,
     ]
     if not restored:
         return
-    restored_keys = pa.concat_tables(restored)
-
-    def make_scan(columns, filter, with_locator):
-        return table.scan(columns, filter, branch=str(head.snapshot_id), with_locator=with_locator, ice=ice)
-
-    found = locate(make_scan, restored_keys, keys)
+    found = find(table, ice, head, pa.concat_tables(restored))
     # Rows in files the revert removes (a delete's rewritten files) are going away.
     found = found.filter(pc.invert(pc.is_in(found[LOCATOR_FILE], value_set=pa.array(list(undo.removed_files), pa.string()))))
     if found.num_rows:

@@ -28,11 +28,10 @@ if TYPE_CHECKING:
 
 @dataclass
 class Removal:
-    """Data files to remove and their rewritten replacements, with the new state root."""
+    """Data files to remove and their rewritten replacements."""
 
     removed: list[DataFile] = field(default_factory=list)
     added: list[DataFile] = field(default_factory=list)
-    state_root: str | None = None
     rows_removed: int = 0
 
     @property
@@ -57,13 +56,14 @@ def write_data_files(ice: IcebergTable, rows: pa.Table, write_uuid, counter) -> 
 
 
 def plan_removal(
-    table: "Table", ice: IcebergTable, head: Snapshot, filter: BooleanExpression, write_uuid, counter
+    table: "Table", ice: IcebergTable, head: Snapshot, filter: BooleanExpression, write_uuid, counter, writer: StateWriter
 ) -> Removal:
-    """Which files to drop or rewrite so that no row matching ``filter`` remains at ``head``."""
+    """Which files to drop or rewrite so that no row matching ``filter`` remains at ``head``.
+
+    Rewritten files' update entries leave ``writer``'s state.
+    """
     probe = table.scan([], filter, branch=str(head.snapshot_id), with_locator=True, ice=ice)
-    state = probe.state
     removal = Removal()
-    writer = StateWriter(state, ice.io, table._platform_dir(ice))
     for task in probe.tasks():
         matched = [b.column(LOCATOR_POS) for b in probe.read_file(task)]
         hits = sum(len(m) for m in matched)
@@ -78,6 +78,4 @@ def plan_removal(
         gone = pa.chunked_array(matched).combine_chunks()
         keep = rows.filter(pc.invert(pc.is_in(rows.column(LOCATOR_POS), value_set=gone)))
         removal.added.extend(write_data_files(ice, keep, write_uuid, counter))
-    if writer.changed:
-        removal.state_root = writer.write()
     return removal

@@ -85,6 +85,7 @@ class PlatformState:
     root_path: str | None = None
     next_seq: int = 1
     shard_info: Mapping[int, dict] = field(default_factory=dict)
+    index_segments: tuple[dict, ...] = ()
     io: FileIO | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -158,6 +159,21 @@ class StateWriter:
         self.location = location.rstrip("/")
         self._changed: dict[int, dict[str, list[UpdateEntry]]] = {}
         self.next_seq = base.next_seq
+        self.index_segments: list[dict] = list(base.index_segments)
+        self._index_changed = False
+
+    def add_index_segments(self, segments: Iterable[dict]) -> None:
+        """Reference more key-index segments (see featurelake.index)."""
+        known = {s["path"] for s in self.index_segments}
+        for seg in segments:
+            if seg["path"] not in known:
+                self.index_segments.append(seg)
+                known.add(seg["path"])
+                self._index_changed = True
+
+    def replace_index_segments(self, segments: Iterable[dict]) -> None:
+        self.index_segments = list(segments)
+        self._index_changed = True
 
     def _shard(self, shard: int) -> dict[str, list[UpdateEntry]]:
         if shard not in self._changed:
@@ -190,7 +206,7 @@ class StateWriter:
 
     @property
     def changed(self) -> bool:
-        return bool(self._changed)
+        return bool(self._changed) or self._index_changed
 
     def new_root_path(self) -> str:
         """A fresh root path, known before the commit that will reference it."""
@@ -221,6 +237,7 @@ class StateWriter:
             "format": FORMAT,
             "next_seq": self.next_seq,
             "shards": {str(k): v for k, v in sorted(shards.items())},
+            "index": self.index_segments,
         }
         root_path = root_path or self.new_root_path()
         with self.io.new_output(root_path).create(overwrite=False) as out:
@@ -266,6 +283,7 @@ def _load_root(io: FileIO, path: str) -> PlatformState:
             root_path=path,
             next_seq=int(raw["next_seq"]),
             shard_info={int(k): v for k, v in raw["shards"].items()},
+            index_segments=tuple(raw.get("index", ())),
         )
         _ROOT_CACHE.put(path, cached)
     return replace(cached, io=io)

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, Not
 from pyiceberg.io.pyarrow import _dataframe_to_data_files
 from pyiceberg.table import Table as IcebergTable
@@ -21,10 +22,15 @@ from pyiceberg.table.snapshots import Snapshot
 from featurelake import refs
 from featurelake.commit import optimistic
 from featurelake.errors import DuplicateKeyError, FeatureLakeError, SchemaMismatchError
-from featurelake.keys import check_keys, locate
+from featurelake import index
+from featurelake.index import read_key_columns
+from featurelake.keys import check_keys, find
+from featurelake.merge import snapshot_files
+from featurelake.rewrite import Removal, plan_removal
 from featurelake.read import DEFAULT_BATCH, Scan, parse_filter
 from featurelake.schema import arrow_schema, conform, to_table
-from featurelake.state import STATE_KEY, PlatformState, state_of
+from featurelake.schema import LOCATOR_FILE
+from featurelake.state import STATE_KEY, PlatformState, StateWriter, state_of
 
 if TYPE_CHECKING:
     from featurelake.lake import Lake
@@ -195,8 +201,6 @@ class Table:
         return self._write(None, branch, replace_filter=parse_filter(filter))
 
     def _write(self, data: Any, branch: str, replace_filter: BooleanExpression | None) -> int | None:
-        from featurelake.rewrite import plan_removal
-
         ice = self.refresh()
         refs.branch_head(ice.metadata, branch)  # unknown branch: fail before writing anything
         keys = self.primary_key
@@ -216,18 +220,22 @@ class Table:
 
             def attempt(ice: IcebergTable) -> int | None:
                 head = refs.branch_head(ice.metadata, branch)
-                removal = None
+                state = self._state(ice, head)
+                writer = StateWriter(state, ice.io, self._platform_dir(ice))
+                removal = Removal()
                 if replace_filter is not None and head is not None:
-                    removal = plan_removal(self, ice, head, replace_filter, write_uuid, counter)
+                    removal = plan_removal(self, ice, head, replace_filter, write_uuid, counter, writer)
                 if all_keys is not None and all_keys.num_rows and head is not None:
-                    survivors = Not(replace_filter) if replace_filter is not None else None
-                    self._refuse_existing(ice, head, all_keys, survivors)
-                if not files and (removal is None or removal.empty):
+                    self._refuse_existing(ice, head, all_keys, removal)
+                if not files and removal.empty:
                     return head.snapshot_id if head else None
-                props = self._state_props(ice, head, removal.state_root if removal else None)
+                added = [f.file_path for f in files + removal.added]
+                live_after = (set(snapshot_files(ice, head)) - {f.file_path for f in removal.removed}) | set(added)
+                index.extend(ice, writer, added, keys, live_after)
+                props = self._state_props(ice, head, writer.write() if writer.changed else state.root_path)
                 props["featurelake.operation"] = "append" if replace_filter is None else ("overwrite" if files else "delete")
                 tx = ice.transaction()
-                if removal is None or removal.empty:
+                if removal.empty:
                     with tx.update_snapshot(snapshot_properties=props, branch=branch).fast_append() as op:
                         for f in files:
                             op.append_data_file(f)
@@ -356,14 +364,18 @@ class Table:
 
         purge_column(self, name, grace)
 
-    def _refuse_existing(self, ice: IcebergTable, head: Snapshot, key_table: pa.Table, extra=None) -> None:
+    def _refuse_existing(self, ice: IcebergTable, head: Snapshot, key_table: pa.Table, removal: "Removal | None" = None) -> None:
+        """Raise DuplicateKeyError for keys already live at ``head`` (after ``removal``, if any)."""
         keys = self.primary_key
-
-        def make_scan(columns, filter, with_locator):
-            f = And(filter, extra) if extra is not None else filter
-            return self.scan(columns, f, snapshot_id=head.snapshot_id, with_locator=with_locator, ice=ice)
-
-        found = locate(make_scan, key_table, keys)
+        found = find(self, ice, head, key_table)
+        if removal is not None and not removal.empty:
+            gone = pa.array([f.file_path for f in removal.removed], pa.string())
+            found = found.filter(pc.invert(pc.is_in(found.column(LOCATOR_FILE), value_set=gone))).select(keys)
+            kept = [read_key_columns(ice, f.file_path, keys) for f in removal.added]
+            if kept:
+                survivors = pa.concat_tables(kept)
+                probe = key_table.select(keys).cast(survivors.schema)
+                found = pa.concat_tables([found.cast(survivors.schema), probe.join(survivors, keys=keys, join_type="left semi")])
         if found.num_rows:
             shown = found.select(keys).slice(0, 5).to_pylist()
             examples = [r[keys[0]] if len(keys) == 1 else tuple(r[k] for k in keys) for r in shown]

@@ -27,7 +27,7 @@ from pyiceberg.table.snapshots import Snapshot
 from featurelake import refs
 from featurelake.commit import optimistic
 from featurelake.errors import DuplicateKeyError, NullKeyError, SchemaMismatchError, UnknownKeyError
-from featurelake.keys import check_keys, locate
+from featurelake.keys import check_keys, find
 from featurelake.read import POS_FIELD_ID
 from featurelake.schema import LOCATOR_FILE, LOCATOR_POS, RESERVED_PREFIX, _castable, arrow_schema, to_table
 from featurelake.state import STATE_KEY, StateWriter, UpdateEntry
@@ -99,22 +99,19 @@ def _check_types(table_schema: pa.Schema, data: pa.Table, columns: list[str]) ->
 
 def _locate_by_key(table: "Table", ice: IcebergTable, head: Snapshot, data: pa.Table, on_unknown: OnUnknown, report: UpdateReport) -> pa.Table:
     keys = table.primary_key
-
-    def make_scan(columns, filter, with_locator):
-        return table.scan(columns, filter, branch=str(head.snapshot_id), with_locator=with_locator, ice=ice)
-
-    found = locate(make_scan, data, keys)
+    found = find(table, ice, head, data.select(keys))
     joined = None
     if found.num_rows:
         # Acero joins no nested payload columns: join keys and a row index, then take the rows.
-        probe = data.select(keys).append_column("__row", pa.array(np.arange(data.num_rows)))
+        probe = data.select(keys).cast(found.select(keys).schema).append_column("__row", pa.array(np.arange(data.num_rows)))
         hits = probe.join(found, keys=keys, join_type="inner")
         joined = data.take(hits.column("__row")).append_column(LOCATOR_FILE, hits.column(LOCATOR_FILE)).append_column(
             LOCATOR_POS, hits.column(LOCATOR_POS)
         )
     matched = joined.num_rows if joined is not None else 0
     if matched < data.num_rows:
-        missing = data.select(keys).join(found.select(keys), keys=keys, join_type="left anti") if found.num_rows else data.select(keys)
+        wanted = data.select(keys).cast(found.select(keys).schema)
+        missing = wanted.join(found.select(keys), keys=keys, join_type="left anti") if found.num_rows else wanted
         examples = missing.slice(0, 5).to_pylist()
         examples = [r[keys[0]] if len(keys) == 1 else tuple(r[k] for k in keys) for r in examples]
         if on_unknown != "skip":

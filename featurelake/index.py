@@ -1,0 +1,238 @@
+"""The global key index: primary key -> (data file, row position), kept in the lake.
+
+Why not a key-value service: ByteDance keeps its index in the lake itself so
+there is nothing extra to run, and so the index is versioned with the table.
+Why not pyiceberg: it has no index, and its upsert rewrites whole files.
+
+The index of a snapshot is a set of immutable *segments* listed in that
+snapshot's platform state. A segment is an uncompressed Arrow IPC file sorted
+by key (``k``: the int64 key, or a 64-bit hash of other keys; ``f``: file
+number; ``p``: row position), memory-mapped for lookups, so a batch of keys
+costs a binary search per key per segment: it grows with the batch, not the
+table (the table only adds a log factor and, cold, the pages touched).
+
+Every write adds a segment for the data files it adds. Entries of files that
+are no longer live at a snapshot (rewritten by delete, compaction, revert) are
+simply ignored, so merge, rebase and revert keep the index right by taking the
+union of segment lists. Segments are merged (dropping dead entries) when they
+pile up, and ``rebuild`` makes one from the data alone. Live data files that no
+segment covers (written by another engine) are found by scanning their key
+columns, so lookups are correct even then.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.io import FileIO
+
+from featurelake.state import _LRU
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table as IcebergTable
+
+MERGE_AT = 24  # merge segments once a snapshot references this many
+_SEGMENTS = _LRU(64)
+
+
+def is_exact(key_types: Sequence[pa.DataType]) -> bool:
+    """A single integer key is its own index key; anything else is hashed."""
+    return len(key_types) == 1 and pa.types.is_integer(key_types[0])
+
+
+def key_is_exact(schema, key_columns: Sequence[str]) -> bool:
+    """Whether a table's primary key indexes exactly (a single integer column)."""
+    from pyiceberg.types import IntegerType, LongType
+
+    return len(key_columns) == 1 and isinstance(schema.find_field(key_columns[0]).field_type, (IntegerType, LongType))
+
+
+def encode(keys: pa.Table) -> np.ndarray:
+    """Index keys (int64) of the rows of ``keys`` (the primary-key columns)."""
+    if is_exact([c.type for c in keys.columns]):
+        return keys.column(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    frame = keys.to_pandas()
+    return pd.util.hash_pandas_object(frame, index=False).to_numpy().view(np.int64)
+
+
+@dataclass(frozen=True)
+class Segment:
+    path: str
+    rows: int
+    min: int
+    max: int
+    exact: bool
+
+    def as_dict(self) -> dict:
+        return {"path": self.path, "rows": self.rows, "min": self.min, "max": self.max, "exact": self.exact}
+
+    @staticmethod
+    def of(d: dict) -> "Segment":
+        return Segment(d["path"], int(d["rows"]), int(d["min"]), int(d["max"]), bool(d["exact"]))
+
+
+class _Loaded:
+    """A segment's arrays, memory-mapped where the file is local."""
+
+    def __init__(self, io: FileIO, path: str) -> None:
+        local = path.removeprefix("file://")
+        if path.startswith("file://") or "://" not in path:
+            reader = pa.ipc.open_file(pa.memory_map(local, "r"))
+        else:
+            with io.new_input(path).open() as f:
+                reader = pa.ipc.open_file(pa.py_buffer(f.read()))
+        table = reader.read_all()
+        meta = table.schema.metadata or {}
+        self.files: list[str] = json.loads(meta[b"files"])
+        self.k = table.column("k").combine_chunks().to_numpy(zero_copy_only=False)
+        self.f = table.column("f").combine_chunks().to_numpy(zero_copy_only=False)
+        self.p = table.column("p").combine_chunks().to_numpy(zero_copy_only=False)
+
+
+def _load(io: FileIO, path: str) -> _Loaded:
+    loaded = _SEGMENTS.get(path)
+    if loaded is None:
+        loaded = _Loaded(io, path)
+        _SEGMENTS.put(path, loaded)
+    return loaded
+
+
+def write_segment(io: FileIO, location: str, entries: Iterable[tuple[str, np.ndarray]], exact: bool) -> Segment | None:
+    """A segment for ``(data file, index keys in row order)`` pairs; None when empty."""
+    files, ks, fs, ps = [], [], [], []
+    for i, (path, keys) in enumerate(entries):
+        files.append(path)
+        ks.append(keys.astype(np.int64, copy=False))
+        fs.append(np.full(len(keys), i, dtype=np.int32))
+        ps.append(np.arange(len(keys), dtype=np.int64))
+    if not files or not sum(len(k) for k in ks):
+        return None
+    return _write(io, location, files, np.concatenate(ks), np.concatenate(fs), np.concatenate(ps), exact)
+
+
+def _write(io: FileIO, location: str, files: list[str], k: np.ndarray, f: np.ndarray, p: np.ndarray, exact: bool) -> Segment:
+    order = np.argsort(k, kind="stable")
+    k, f, p = k[order], f[order], p[order]
+    table = pa.table({"k": k, "f": f, "p": p}).replace_schema_metadata({"files": json.dumps(files)})
+    path = f"{location.rstrip('/')}/index-{uuid.uuid4().hex}.arrow"
+    with io.new_output(path).create(overwrite=False) as out:
+        with pa.ipc.new_file(out, table.schema) as writer:
+            writer.write_table(table, max_chunksize=1 << 22)
+    return Segment(path, len(k), int(k[0]), int(k[-1]), exact)
+
+
+def lookup(io: FileIO, segments: Sequence[dict], probe: np.ndarray, live: set[str]) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """Where the index keys ``probe`` live among ``live`` data files.
+
+    Returns (probe row, data file, position) arrays for every hit; a key may
+    hit more than once only when its hash collides (hashed keys) — callers
+    verify those against the key columns.
+    """
+    order = np.argsort(probe, kind="stable")
+    sorted_probe = probe[order]
+    rows, files, positions = [], [], []
+    lo_key, hi_key = (sorted_probe[0], sorted_probe[-1]) if len(probe) else (0, -1)
+    for seg_dict in segments:
+        seg = Segment.of(seg_dict)
+        if seg.max < lo_key or seg.min > hi_key:
+            continue
+        loaded = _load(io, seg.path)
+        start = np.searchsorted(loaded.k, sorted_probe, side="left")
+        end = np.searchsorted(loaded.k, sorted_probe, side="right")
+        hit = end > start
+        if not hit.any():
+            continue
+        counts = (end - start)[hit]
+        starts = start[hit]
+        idx = np.repeat(starts, counts) + (np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts))
+        probe_rows = np.repeat(order[hit], counts)
+        file_ids = loaded.f[idx]
+        is_live = np.array([path in live for path in loaded.files])
+        keep = is_live[file_ids]
+        if not keep.any():
+            continue
+        rows.append(probe_rows[keep])
+        positions.append(loaded.p[idx][keep])
+        files.extend(loaded.files[i] for i in file_ids[keep])
+    if not rows:
+        return np.empty(0, np.int64), [], np.empty(0, np.int64)
+    return np.concatenate(rows), files, np.concatenate(positions)
+
+
+def covered_files(io: FileIO, segments: Sequence[dict]) -> set[str]:
+    out: set[str] = set()
+    for seg in segments:
+        out.update(_load(io, seg["path"]).files)
+    return out
+
+
+def merge(io: FileIO, location: str, segments: Sequence[dict], live: set[str]) -> list[dict]:
+    """One segment holding the live entries of ``segments`` (dead files dropped)."""
+    files: list[str] = []
+    ks, fs, ps = [], [], []
+    exact = all(bool(s["exact"]) for s in segments)
+    for seg in segments:
+        loaded = _load(io, seg["path"])
+        remap = np.full(len(loaded.files), -1, dtype=np.int32)
+        for i, path in enumerate(loaded.files):
+            if path in live and path not in files:
+                remap[i] = len(files)
+                files.append(path)
+        new_ids = remap[loaded.f]
+        keep = new_ids >= 0
+        ks.append(loaded.k[keep])
+        fs.append(new_ids[keep])
+        ps.append(loaded.p[keep])
+    if not files:
+        return []
+    return [_write(io, location, files, np.concatenate(ks), np.concatenate(fs), np.concatenate(ps), exact).as_dict()]
+
+
+def read_key_columns(ice: "IcebergTable", path: str, key_columns: Sequence[str]) -> pa.Table:
+    """A data file's key columns in row order, matched by field id, under their current names."""
+    schema = ice.schema()
+    ids = [schema.find_field(k).field_id for k in key_columns]
+    with ice.io.new_input(path).open() as f:
+        pf = pq.ParquetFile(f)
+        by_id = {}
+        for field in pf.schema_arrow:
+            fid = (field.metadata or {}).get(b"PARQUET:field_id")
+            if fid is not None:
+                by_id[int(fid)] = field.name
+        table = pf.read(columns=[by_id[i] for i in ids])
+    return table.rename_columns(list(key_columns))
+
+
+def file_keys(ice: "IcebergTable", paths: Iterable[str], key_columns: Sequence[str]) -> list[tuple[str, np.ndarray]]:
+    """The index keys of data files, in row order."""
+    return [(path, encode(read_key_columns(ice, path, key_columns))) for path in paths]
+
+
+__all__ = ["Segment", "encode", "is_exact", "write_segment", "lookup", "merge", "covered_files", "file_keys", "MERGE_AT"]
+
+
+def location_of(ice: "IcebergTable") -> str:
+    return f"{ice.location().rstrip('/')}/metadata/featurelake/index"
+
+
+def extend(ice: "IcebergTable", writer, new_files: Sequence[str], key_columns: Sequence[str], live_after: set[str]) -> None:
+    """Index the data files a commit adds, merging segments once they pile up.
+
+    ``writer`` is the commit's StateWriter; ``live_after`` the data files live
+    once the commit lands (the merge keeps only their entries).
+    """
+    location = location_of(ice)
+    schema = ice.schema()
+    exact = key_is_exact(schema, key_columns)
+    if new_files:
+        seg = write_segment(ice.io, location, file_keys(ice, new_files, key_columns), exact)
+        if seg is not None:
+            writer.add_index_segments([seg.as_dict()])
+    if len(writer.index_segments) >= MERGE_AT:
+        writer.replace_index_segments(merge(ice.io, location, writer.index_segments, live_after))
