@@ -53,6 +53,10 @@ def optimistic(load: Callable[[], IcebergTable], attempt: Callable[[IcebergTable
             if not _is_stale_sequence(e):
                 raise
             reason = e
+        except Exception as e:  # an embedded SQLite catalog busy with another process's commit
+            if type(e).__name__ != "OperationalError" or "locked" not in str(e):
+                raise
+            reason = e
         wait = min(2.0, 0.02 * 2**i) * (0.5 + random.random())
         log.info("%s: concurrent commit (%s), retrying in %.2fs", what, reason, wait)
         time.sleep(wait)

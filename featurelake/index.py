@@ -236,3 +236,59 @@ def extend(ice: "IcebergTable", writer, new_files: Sequence[str], key_columns: S
             writer.add_index_segments([seg.as_dict()])
     if len(writer.index_segments) >= MERGE_AT:
         writer.replace_index_segments(merge(ice.io, location, writer.index_segments, live_after))
+
+
+def rebuild(table, branch: str = "main") -> dict:
+    """Replace a branch's index by one segment built from its data files (a metadata-only commit)."""
+    from featurelake import refs
+    from featurelake.commit import optimistic
+    from featurelake.merge import snapshot_files
+    from featurelake.state import STATE_KEY, StateWriter
+
+    def attempt(ice) -> dict:
+        head = refs.branch_head(ice.metadata, branch)
+        if head is None:
+            return {"branch": branch, "rows": 0, "files": 0, "snapshot_id": None}
+        live = sorted(snapshot_files(ice, head))
+        keys = table.primary_key
+        seg = write_segment(ice.io, location_of(ice), file_keys(ice, live, keys), key_is_exact(ice.schema(), keys))
+        writer = StateWriter(table._state(ice, head), ice.io, table._platform_dir(ice))
+        writer.replace_index_segments([seg.as_dict()] if seg else [])
+        props = {STATE_KEY: writer.write(), "featurelake.operation": "index rebuild"}
+        tx = ice.transaction()
+        tx.update_snapshot(snapshot_properties=props, branch=branch).fast_append().commit()
+        new = tx.commit_transaction()
+        return {"branch": branch, "rows": seg.rows if seg else 0, "files": len(live), "snapshot_id": new.metadata.refs[branch].snapshot_id}
+
+    return optimistic(table.refresh, attempt, f"rebuild index of {table.name}@{branch}")
+
+
+def verify(table, branch: str = "main", snapshot_id: int | None = None) -> dict:
+    """Check the index against the data: every live row found at its own place, no key twice."""
+    from featurelake import refs
+    from featurelake.keys import duplicate_keys, find
+    from featurelake.merge import snapshot_files
+    from featurelake.schema import LOCATOR_FILE, LOCATOR_POS
+
+    ice = table.refresh()
+    snap = refs.resolve(ice.metadata, branch, snapshot_id)
+    keys = table.primary_key
+    state = table._state(ice, snap)
+    live = set(snapshot_files(ice, snap))
+    truth = table.scan(keys, branch=str(snap.snapshot_id) if snap else branch, with_locator=True, ice=ice).to_table()
+    found = find(table, ice, snap, truth.select(keys))
+    expected = {(f, p) for f, p in zip(truth.column(LOCATOR_FILE).to_pylist(), truth.column(LOCATOR_POS).to_pylist())}
+    got = {(f, p) for f, p in zip(found.column(LOCATOR_FILE).to_pylist(), found.column(LOCATOR_POS).to_pylist())}
+    covered = covered_files(ice.io, state.index_segments) if state.index_segments else set()
+    dups = duplicate_keys(truth, keys)
+    report = {
+        "branch": branch,
+        "rows": truth.num_rows,
+        "segments": len(state.index_segments),
+        "uncovered_files": len(live - covered),
+        "missing": len(expected - got),
+        "wrong": len(got - expected),
+        "duplicate_keys": dups.num_rows,
+    }
+    report["ok"] = report["missing"] == report["wrong"] == report["duplicate_keys"] == 0
+    return report

@@ -364,6 +364,25 @@ class Table:
 
         purge_column(self, name, grace)
 
+    def upsert(self, data: Any, branch: str = MAIN) -> int | None:
+        """Update rows whose key exists (merge-on-read) and insert new keys, in one commit.
+
+        Existing rows keep their partition; the report is in ``last_update_report``.
+        """
+        from featurelake.upsert import upsert
+
+        report = upsert(self, data, branch)
+        self.last_update_report = report
+        return report.snapshot_id
+
+    def rebuild_index(self, branch: str = MAIN) -> dict:
+        """Rebuild the key index of a branch from its data files."""
+        return index.rebuild(self, branch)
+
+    def verify_index(self, branch: str = MAIN, snapshot_id: int | None = None) -> dict:
+        """Check the key index against the data (``ok`` is True when it is right)."""
+        return index.verify(self, branch, snapshot_id)
+
     def _refuse_existing(self, ice: IcebergTable, head: Snapshot, key_table: pa.Table, removal: "Removal | None" = None) -> None:
         """Raise DuplicateKeyError for keys already live at ``head`` (after ``removal``, if any)."""
         keys = self.primary_key

@@ -28,6 +28,7 @@ from featurelake import refs
 from featurelake.commit import optimistic
 from featurelake.errors import DuplicateKeyError, NullKeyError, SchemaMismatchError, UnknownKeyError
 from featurelake.keys import check_keys, find
+from featurelake.merge import snapshot_files
 from featurelake.read import POS_FIELD_ID
 from featurelake.schema import LOCATOR_FILE, LOCATOR_POS, RESERVED_PREFIX, _castable, arrow_schema, to_table
 from featurelake.state import STATE_KEY, StateWriter, UpdateEntry
@@ -173,6 +174,45 @@ def write_update_file(ice: IcebergTable, path: str, values: pa.Table, target: pa
     return len(ice.io.new_input(path))
 
 
+def add_columns(tx, data: pa.Table, new_columns: list[str]) -> None:
+    """Add ``new_columns`` (typed from ``data``) to the schema inside transaction ``tx``."""
+    if new_columns:
+        with tx.update_schema() as us:
+            us.union_by_name(pa.schema([data.schema.field(c).with_nullable(True) for c in new_columns]))
+
+
+def stage_update_files(
+    table: "Table",
+    ice: IcebergTable,
+    head: Snapshot,
+    writer: StateWriter,
+    snapshot_id: int,
+    rows: pa.Table,
+    columns: list[str],
+    schema,
+    written: list[str],
+) -> tuple[int, int]:
+    """Write one update file per touched data file and add them to ``writer``; returns (files, bytes).
+
+    ``rows`` carry ``_file`` and ``_pos`` plus ``columns``; a data file whose
+    every row is set gets a dense update file (no positions).
+    """
+    target = arrow_schema(schema.select(*columns))
+    field_ids = tuple(schema.find_field(c).field_id for c in columns)
+    sizes = {p: f.record_count for p, f in snapshot_files(ice, head).items()}
+    seq = writer.take_seq()
+    total_bytes = files = 0
+    for data_file, group in _groups(rows):
+        dense = group.num_rows == sizes[data_file]
+        path = f"{table._update_dir(ice)}/{snapshot_id}-{uuid.uuid4().hex[:12]}.parquet"
+        size = write_update_file(ice, path, group, target, None if dense else group.column(LOCATOR_POS).combine_chunks())
+        written.append(path)
+        writer.add(UpdateEntry(data_file, path, seq, field_ids, dense, group.num_rows, size, snapshot_id))
+        total_bytes += size
+        files += 1
+    return files, total_bytes
+
+
 def apply_column_updates(
     table: "Table",
     data: Any,
@@ -207,30 +247,15 @@ def apply_column_updates(
             report.snapshot_id = head.snapshot_id
             return report
         tx = ice.transaction()
-        if new_columns:
-            with tx.update_schema() as us:
-                us.union_by_name(pa.schema([data.schema.field(c).with_nullable(True) for c in new_columns]))
-        schema = tx.table_metadata.schema()
-        target = arrow_schema(schema.select(*columns))
-        field_ids = tuple(schema.find_field(c).field_id for c in columns)
+        add_columns(tx, data, new_columns)
         state = table._state(ice, head)
         writer = StateWriter(state, ice.io, table._platform_dir(ice))
         root_path = writer.new_root_path()
         props = {STATE_KEY: root_path, "featurelake.operation": "backfill", "featurelake.columns": ",".join(columns)}
         producer = tx.update_snapshot(snapshot_properties=props, branch=branch).fast_append()
-        sizes = {t.file.file_path: t.file.record_count for t in table.scan([], branch=str(head.snapshot_id), ice=ice).tasks()}
-        seq = writer.take_seq()
-        total_bytes = files = 0
-        for data_file, group in _groups(rows):
-            dense = group.num_rows == sizes[data_file]
-            path = f"{table._update_dir(ice)}/{producer.snapshot_id}-{uuid.uuid4().hex[:12]}.parquet"
-            size = write_update_file(ice, path, group, target, None if dense else group.column(LOCATOR_POS).combine_chunks())
-            written.append(path)
-            writer.add(
-                UpdateEntry(data_file, path, seq, field_ids, dense, group.num_rows, size, producer.snapshot_id)
-            )
-            total_bytes += size
-            files += 1
+        files, total_bytes = stage_update_files(
+            table, ice, head, writer, producer.snapshot_id, rows, columns, tx.table_metadata.schema(), written
+        )
         writer.write(root_path)
         producer.commit()
         new_ice = tx.commit_transaction()

@@ -1,0 +1,193 @@
+"""Upserts and the global key index, against a dict oracle; concurrent writers in processes."""
+from __future__ import annotations
+
+import copy
+import multiprocessing as mp
+import tempfile
+from datetime import datetime, timedelta
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from featurelake import Lake
+from featurelake.errors import DuplicateKeyError, NullKeyError, SchemaMismatchError
+from featurelake.synthetic import impressions_for_day, impressions_schema, impressions_table
+
+KEY = "id"
+SCHEMA = pa.schema(
+    [
+        pa.field(KEY, pa.int64(), nullable=False),
+        pa.field("ts", pa.timestamp("us"), nullable=False),
+        pa.field("x", pa.float64()),
+        pa.field("label", pa.int32()),
+    ]
+)
+T0 = datetime(2026, 1, 1)
+
+
+def rows_of(t, **kw) -> dict:
+    return {r[KEY]: r for r in t.read(**kw).to_pylist()}
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_random_upserts_match_oracle_and_keep_the_index_right(data):
+    seed = data.draw(st.integers(0, 2**31), label="seed")
+    rng = np.random.default_rng(seed)
+    ops = data.draw(st.lists(st.sampled_from(["upsert", "upsert", "delete", "compact", "branch_upsert"]), min_size=2, max_size=7))
+    with tempfile.TemporaryDirectory() as home:
+        t = Lake(home).create_table("ml.u", SCHEMA, primary_key=KEY, partition_by=["bucket(3, id)", "day(ts)"])
+        oracle: dict[int, dict] = {}
+        history = []
+        for op in ["upsert"] + ops:
+            if op in ("upsert", "branch_upsert"):
+                n = int(rng.integers(1, 30))
+                ids = rng.choice(60, size=n, replace=False)
+                cols = ["ts", "x", "label"] if rng.random() < 0.5 else ["ts", "label"]
+                batch = {KEY: ids.tolist()}
+                batch["ts"] = [T0 + timedelta(hours=int(h)) for h in rng.integers(0, 72, n)]
+                batch["x"] = [None if rng.random() < 0.2 else float(v) for v in rng.normal(size=n)]
+                batch["label"] = rng.integers(0, 3, n).tolist()
+                tbl = pa.table({c: batch[c] for c in [KEY] + cols}, schema=pa.schema([SCHEMA.field(c) for c in [KEY] + cols]))
+                if op == "branch_upsert":
+                    name = f"b{len(history)}"
+                    t.create_branch(name)
+                    t.upsert(tbl, branch=name)
+                    t.merge(name)
+                else:
+                    t.upsert(tbl)
+                for r in tbl.to_pylist():
+                    if r[KEY] in oracle:  # existing: updated in place, partition (ts) kept
+                        for c in cols:
+                            if c != "ts":
+                                oracle[r[KEY]][c] = r[c]
+                    else:
+                        oracle[r[KEY]] = {KEY: r[KEY], "ts": r["ts"], "x": r.get("x"), "label": r["label"]}
+            elif op == "delete":
+                cut = int(rng.integers(0, 60))
+                t.delete(f"{KEY} < {cut} and label = 1")
+                oracle = {k: v for k, v in oracle.items() if not (k < cut and v["label"] == 1)}
+            else:
+                t.compact()
+            assert rows_of(t) == oracle
+            assert t.verify_index()["ok"]
+            history.append((t.branches()["main"], copy.deepcopy(oracle)))
+        for sid, then in history:
+            assert rows_of(t, snapshot_id=sid) == then
+
+
+def test_key_keeps_its_partition(lake):
+    t = lake.create_table("ml.u", SCHEMA, primary_key=KEY, partition_by=["day(ts)"])
+    t.append(pa.table({KEY: [1, 2], "ts": [T0, T0], "x": [0.5, 0.6], "label": [0, 0]}, schema=SCHEMA))
+    files = {task.file.file_path for task in t.scan().tasks()}
+    late = pa.table({KEY: [1], "ts": [T0 + timedelta(days=20)], "label": [1]}, schema=pa.schema([SCHEMA.field(c) for c in (KEY, "ts", "label")]))
+    t.upsert(late)
+    assert t.last_update_report.rows_updated == 1 and t.last_update_report.rows_inserted == 0
+    assert {task.file.file_path for task in t.scan().tasks()} == files  # nothing appended, nothing rewritten
+    assert rows_of(t)[1] == {KEY: 1, "ts": T0, "x": 0.5, "label": 1}
+
+
+def test_composite_keys_are_hashed_and_verified(lake):
+    schema = impressions_schema()
+    t = lake.create_table("ml.c", schema, primary_key=["user_id", "item_id"])
+    data = impressions_table(2000, days=1, seed=1)
+    uniq = pc.unique(pc.add(pc.multiply(data["user_id"], 1_000_000), data["item_id"]))
+    first = pa.Table.from_pandas(data.to_pandas().drop_duplicates(["user_id", "item_id"]), preserve_index=False).cast(schema)
+    assert first.num_rows == len(uniq)
+    t.append(first)
+    assert t.verify_index()["ok"]
+    change = first.slice(0, 50).select(["user_id", "item_id"]).append_column("click", pa.array([7] * 50, pa.int32()))
+    t.upsert(change)
+    assert t.last_update_report.rows_updated == 50
+    assert t.read(columns=["click"], filter="click = 7").num_rows == 50
+    with pytest.raises(DuplicateKeyError):
+        t.append(first.slice(10, 1))
+
+
+def test_index_verify_after_every_kind_of_write(lake):
+    t = lake.create_table("ml.s", impressions_schema(), primary_key="sample_id", partition_by=["day(ts)"])
+    data = impressions_table(900, days=3, seed=2)
+    steps = [
+        lambda: t.append(data),
+        lambda: t.backfill(pa.table({"sample_id": data["sample_id"], "c": pc.multiply(data["f0"], 2.0)})),
+        lambda: t.upsert(pa.Table.from_batches(list(impressions_for_day(4, 30)))),
+        lambda: t.overwrite(pa.Table.from_batches(list(impressions_for_day(1, 50, seed=9))), "ts >= '2026-01-02T00:00:00' and ts < '2026-01-03T00:00:00'"),
+        lambda: t.delete("user_id < 30"),
+        lambda: t.create_branch("exp"),
+        lambda: t.upsert(pa.Table.from_batches(list(impressions_for_day(6, 20))), branch="exp"),
+        lambda: t.append(pa.Table.from_batches(list(impressions_for_day(7, 20)))),
+        lambda: t.rebase("exp"),
+        lambda: t.merge("exp"),
+        lambda: t.compact(),
+        lambda: t.revert(t.snapshots()[0]["snapshot_id"]),
+    ]
+    for i, step in enumerate(steps):
+        step()
+        for b in t.branches():
+            report = t.verify_index(b)
+            assert report["ok"], (i, b, report)
+
+
+def test_bad_upserts_write_nothing(lake):
+    t = lake.create_table("ml.u", SCHEMA, primary_key=KEY, partition_by=["day(ts)"])
+    t.append(pa.table({KEY: [1, 2], "ts": [T0, T0], "x": [0.5, 0.6], "label": [0, 0]}, schema=SCHEMA))
+    before = [s["snapshot_id"] for s in t.snapshots()]
+    with pytest.raises(NullKeyError):
+        t.upsert(pa.table({KEY: pa.array([None], pa.int64()), "label": pa.array([1], pa.int32())}))
+    with pytest.raises(DuplicateKeyError):
+        t.upsert(pa.table({KEY: pa.array([1, 1], pa.int64()), "label": pa.array([1, 2], pa.int32())}))
+    with pytest.raises(SchemaMismatchError):
+        t.upsert(pa.table({KEY: pa.array([1], pa.int64()), "label": pa.array(["x"])}))
+    with pytest.raises(SchemaMismatchError):  # a new key without the required ts
+        t.upsert(pa.table({KEY: pa.array([3], pa.int64()), "label": pa.array([1], pa.int32())}))
+    assert [s["snapshot_id"] for s in t.snapshots()] == before
+    assert not list((lake.home / "warehouse").rglob("_updates/*.parquet"))
+
+
+# ------------------------------------------------------------ concurrency
+def _writer(home: str, worker: int, n_workers: int, rounds: int) -> None:
+    t = Lake(home).table("ml.c")
+    for r in range(rounds):
+        shared = list(range(0, 40))  # every worker updates these, each its own column
+        own = [1000 + worker * 100 + r * 10 + i for i in range(10)]  # disjoint new keys
+        ids = shared + own
+        t.upsert(
+            pa.table(
+                {
+                    KEY: pa.array(ids, pa.int64()),
+                    "ts": pa.array([T0] * len(ids), pa.timestamp("us")),
+                    f"w{worker}": pa.array([float(r)] * len(ids)),
+                }
+            )
+        )
+
+
+@pytest.mark.slow
+def test_concurrent_upserting_processes(tmp_path):
+    home = str(tmp_path / "lake")
+    t = Lake(home).create_table("ml.c", SCHEMA, primary_key=KEY, partition_by=["day(ts)"])
+    t.append(pa.table({KEY: list(range(40)), "ts": [T0] * 40, "x": [0.0] * 40, "label": [0] * 40}, schema=SCHEMA))
+    for w in range(3):  # columns exist up front so writers race on data, not on schema
+        t.backfill(pa.table({KEY: pa.array([0], pa.int64()), f"w{w}": pa.array([None], pa.float64())}))
+    workers, rounds = 3, 3
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(home, w, workers, rounds)) for w in range(workers)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(180)
+        assert p.exitcode == 0
+    final = t.read()
+    assert pc.count_distinct(final[KEY]).as_py() == final.num_rows  # never a duplicate key
+    assert final.num_rows == 40 + workers * rounds * 10
+    by_id = {r[KEY]: r for r in final.to_pylist()}
+    for w in range(workers):  # every worker's last round landed on the shared keys: no lost update
+        assert all(by_id[k][f"w{w}"] == float(rounds - 1) for k in range(40))
+        for r in range(rounds):
+            for i in range(10):
+                assert by_id[1000 + w * 100 + r * 10 + i][f"w{w}"] == float(r)
+    assert t.verify_index()["ok"]
