@@ -215,6 +215,12 @@ def read_cmd(
     with_locator: Annotated[
         bool, typer.Option("--with-locator", help="Add _file and _pos (the row's data file and position).")
     ] = False,
+    max_bad_file_ratio: Annotated[
+        float,
+        typer.Option(
+            "--max-bad-file-ratio", min=0.0, max=1.0, help="Skip up to this share of unreadable data files (warned)."
+        ),
+    ] = 0.0,
     json_lines: Annotated[bool, typer.Option("--jsonl", help="One JSON object per line (implies --json).")] = False,
     json_flag: JsonFlag = False,
 ) -> None:
@@ -226,7 +232,9 @@ def read_cmd(
     t = _opts(ctx).lake().table(table)
     cols = [c.strip() for c in columns.split(",") if c.strip()] if columns else None
     kwargs = dict(columns=cols, filter=filter, branch=branch, snapshot_id=snapshot, with_locator=with_locator)
-    data, more = _first_rows(t, limit, kwargs)
+    if max_bad_file_ratio:
+        kwargs["max_bad_file_ratio"] = max_bad_file_ratio
+    data, more = _first_rows_reported(t, limit, kwargs)
     rows = data.to_pylist()
     if json_lines:
         for row in rows:
@@ -327,6 +335,408 @@ def demo_cmd(
     summary = run_demo(home, **kwargs)
     if as_json:
         _emit_json(summary)
+
+
+# ------------------------------------------- upsert, branches, tags, maintenance
+@app.command("upsert")
+def upsert_cmd(
+    ctx: typer.Context, table: TableArg, file: ParquetArg, branch: BranchOpt = MAIN, json_flag: JsonFlag = False
+) -> None:
+    """Update rows whose key exists and insert the others, from a Parquet file (one commit)."""
+    t = _opts(ctx).lake().table(table)
+    upsert = _engine_method(t, "upsert")
+    data = _read_parquet(file)
+    with _progress(f"Upserting {file.name} into {table}@{branch}"):
+        snapshot_id = upsert(data, branch=branch)
+    report = getattr(t, "last_update_report", None)
+    details = _as_dict(report) if report is not None else {}
+    details.pop("snapshot_id", None)
+    if _wants_json(ctx, json_flag):
+        payload = {"operation": "upsert", "table": table, "branch": branch, "rows": data.num_rows}
+        return _emit_json({**payload, **details, "snapshot_id": snapshot_id})
+    what = (
+        f"Upserted {_count(data.num_rows)} row(s): {_count(details.get('rows_updated', 0))} updated, "
+        f"{_count(details.get('rows_inserted', 0))} inserted"
+    )
+    _print_write(what, table, branch, snapshot_id)
+    shown = ("rows_updated", "rows_inserted", "bytes_written")
+    _print_report(_out(), {k: details[k] for k in shown if k in details}, title=None)
+
+
+branch_app = typer.Typer(
+    cls=_Group, help="Zero-copy branches: create, list, diff, merge, rebase, drop.", no_args_is_help=True
+)
+app.add_typer(branch_app, name="branch")
+
+NameArg = Annotated[str, typer.Argument(help="Branch name.", show_default=False)]
+
+
+@branch_app.command("create")
+def branch_create_cmd(
+    ctx: typer.Context,
+    table: TableArg,
+    name: NameArg,
+    from_ref: Annotated[str, typer.Option("--from", help="Branch, tag or snapshot id to start at.")] = MAIN,
+    json_flag: JsonFlag = False,
+) -> None:
+    """Create a branch (no data is copied); prints the snapshot it starts at."""
+    snapshot_id = _opts(ctx).lake().table(table).create_branch(name, from_ref)
+    if _wants_json(ctx, json_flag):
+        return _emit_json(
+            {"operation": "create_branch", "table": table, "branch": name, "from": from_ref, "snapshot_id": snapshot_id}
+        )
+    _print_done(f"Created branch {name} of {table} from {from_ref}", snapshot_id)
+
+
+@branch_app.command("list")
+def branch_list_cmd(ctx: typer.Context, table: TableArg, json_flag: JsonFlag = False) -> None:
+    """Branches and tags with their head snapshot, rows and bytes (exclusive: what dropping it frees)."""
+    t = _opts(ctx).lake().table(table)
+    named = [(name, "branch", sid) for name, sid in t.branches().items()]
+    named += [(name, "tag", sid) for name, sid in t.tags().items()]
+    rows = []
+    with _progress(f"Measuring the branches of {table}", len(named)) as progress:
+        for name, kind, sid in named:
+            stats = t.stats(name)
+            rows.append(
+                {
+                    "name": name,
+                    "type": kind,
+                    "snapshot_id": sid,
+                    "rows": stats.get("rows"),
+                    "exclusive_bytes": stats.get("exclusive_bytes"),
+                    "shared_bytes": stats.get("shared_bytes"),
+                }
+            )
+            progress.advance(1)
+    if _wants_json(ctx, json_flag):
+        return _emit_json(rows)
+    if not rows:
+        _out().print(Text(f"{table} has no snapshots yet: no branches.", style="dim"))
+        return
+    view = RichTable(title=f"Branches and tags of {table}", title_justify="left")
+    view.add_column("name", style="bold cyan", no_wrap=True)
+    view.add_column("type", no_wrap=True)
+    for col in ("snapshot", "rows", "exclusive bytes", "shared bytes"):
+        view.add_column(col, justify="right", no_wrap=True)
+    for r in rows:
+        view.add_row(
+            r["name"], r["type"], str(r["snapshot_id"]), _count(r["rows"]),
+            _bytes(r["exclusive_bytes"]), _bytes(r["shared_bytes"]),
+        )
+    _out().print(view)
+
+
+@branch_app.command("diff")
+def branch_diff_cmd(
+    ctx: typer.Context,
+    table: TableArg,
+    name: NameArg,
+    against: Annotated[str, typer.Option("--against", help="The branch it is compared with.")] = MAIN,
+    json_flag: JsonFlag = False,
+) -> None:
+    """What a branch changed since it forked: rows, columns, files and bytes."""
+    report = _opts(ctx).lake().table(table).diff(name, against)
+    if _wants_json(ctx, json_flag):
+        return _emit_json(report)
+    shown = {k: v for k, v in report.items() if k not in ("branch", "against")}
+    _print_report(_out(), shown, title=f"{table}: {name} since it forked from {against}")
+
+
+def merge_cmd(
+    ctx: typer.Context,
+    table: TableArg,
+    name: Annotated[str, typer.Argument(help="Branch, tag or snapshot id to merge.", show_default=False)],
+    into: Annotated[str, typer.Option("--into", help="The branch that receives the changes.")] = MAIN,
+    json_flag: JsonFlag = False,
+) -> None:
+    """Merge a branch into another (fast-forward or three-way, one commit).
+
+    On a conflict nothing is written: the conflicting data files and columns
+    are listed (JSON: under "conflicts") and the exit status is 1.
+    """
+    t = _opts(ctx).lake().table(table)
+    payload = {"operation": "merge", "table": table, "source": name, "into": into}
+    with _conflicts_reported(ctx, json_flag, t, payload):
+        with _progress(f"Merging {name} into {table}@{into}"):
+            snapshot_id = t.merge(name, into)
+    if _wants_json(ctx, json_flag):
+        return _emit_json({**payload, "snapshot_id": snapshot_id})
+    _print_done(f"Merged {name} into {table}@{into}", snapshot_id)
+
+
+def rebase_cmd(
+    ctx: typer.Context,
+    table: TableArg,
+    name: NameArg,
+    onto: Annotated[str, typer.Option("--onto", help="The branch whose head it moves onto.")] = MAIN,
+    json_flag: JsonFlag = False,
+) -> None:
+    """Replay a branch's changes on another branch's head and move the branch there.
+
+    On a conflict nothing is written: the conflicts are listed and the exit status is 1.
+    """
+    t = _opts(ctx).lake().table(table)
+    payload = {"operation": "rebase", "table": table, "branch": name, "onto": onto}
+    with _conflicts_reported(ctx, json_flag, t, payload):
+        with _progress(f"Rebasing {table}@{name} onto {onto}"):
+            snapshot_id = t.rebase(name, onto)
+    if _wants_json(ctx, json_flag):
+        return _emit_json({**payload, "snapshot_id": snapshot_id})
+    _print_done(f"Rebased {table}@{name} onto {onto}", snapshot_id)
+
+
+branch_app.command("merge")(merge_cmd)
+branch_app.command("rebase")(rebase_cmd)
+app.command("merge")(merge_cmd)
+app.command("rebase")(rebase_cmd)
+
+
+@branch_app.command("drop")
+def branch_drop_cmd(ctx: typer.Context, table: TableArg, name: NameArg, json_flag: JsonFlag = False) -> None:
+    """Drop a branch (its files are reclaimed by expire + gc)."""
+    _opts(ctx).lake().table(table).drop_branch(name)
+    if _wants_json(ctx, json_flag):
+        return _emit_json({"operation": "drop_branch", "table": table, "branch": name})
+    _out().print(Text(f"Dropped branch {name} of {table}", style="green"))
+
+
+@app.command("tag")
+def tag_cmd(
+    ctx: typer.Context,
+    table: TableArg,
+    name: Annotated[str, typer.Argument(help="Tag name.", show_default=False)],
+    ref: Annotated[str, typer.Option("--ref", help="Branch, tag or snapshot id to tag.")] = MAIN,
+    drop: Annotated[bool, typer.Option("--drop", help="Drop the tag instead of creating it.")] = False,
+    json_flag: JsonFlag = False,
+) -> None:
+    """Tag a snapshot (an immutable name for a training set), or drop a tag with --drop."""
+    t = _opts(ctx).lake().table(table)
+    if drop:
+        t.drop_tag(name)
+        if _wants_json(ctx, json_flag):
+            return _emit_json({"operation": "drop_tag", "table": table, "tag": name})
+        _out().print(Text(f"Dropped tag {name} of {table}", style="green"))
+        return
+    snapshot_id = t.create_tag(name, ref)
+    if _wants_json(ctx, json_flag):
+        return _emit_json({"operation": "create_tag", "table": table, "tag": name, "ref": ref, "snapshot_id": snapshot_id})
+    _print_done(f"Tagged {table}@{ref} as {name}", snapshot_id)
+
+
+@app.command("revert")
+def revert_cmd(
+    ctx: typer.Context,
+    table: TableArg,
+    snapshot: Annotated[int, typer.Argument(help="The snapshot whose change is undone.", show_default=False)],
+    branch: BranchOpt = MAIN,
+    json_flag: JsonFlag = False,
+) -> None:
+    """Undo one snapshot's change in a new snapshot, keeping every later one."""
+    t = _opts(ctx).lake().table(table)
+    with _progress(f"Reverting snapshot {snapshot} of {table}@{branch}"):
+        snapshot_id = t.revert(snapshot, branch=branch)
+    if _wants_json(ctx, json_flag):
+        return _emit_json(
+            {"operation": "revert", "table": table, "branch": branch, "reverted": snapshot, "snapshot_id": snapshot_id}
+        )
+    _print_write(f"Reverted snapshot {snapshot}", table, branch, snapshot_id)
+
+
+@app.command("expire")
+def expire_cmd(
+    ctx: typer.Context,
+    table: TableArg,
+    older_than: Annotated[
+        float, typer.Option("--older-than", min=0, help="Expire snapshots older than this many days.", show_default=False)
+    ],
+    retain_last: Annotated[
+        int, typer.Option("--retain-last", min=1, help="Snapshots every branch keeps whatever their age.")
+    ] = 1,
+    json_flag: JsonFlag = False,
+) -> None:
+    """Expire old snapshots (ref heads stay); gc then deletes the files only they referenced."""
+    t = _opts(ctx).lake().table(table)
+    cutoff = _dt.datetime.now(_dt.timezone.utc) - _dt.timedelta(days=older_than)
+    with _progress(f"Expiring snapshots of {table}"):
+        expired = list(t.expire_snapshots(cutoff, retain_last))
+    if _wants_json(ctx, json_flag):
+        return _emit_json(
+            {"operation": "expire", "table": table, "older_than": cutoff, "retain_last": retain_last, "expired": expired}
+        )
+    _out().print(
+        Text.assemble((f"Expired {_count(len(expired))} snapshot(s)", "green"), f" of {table} older than {cutoff:%Y-%m-%d %H:%M} UTC")
+    )
+    if expired:
+        _out().print(Text(", ".join(map(str, expired)), style="dim"), soft_wrap=True)
+
+
+GC_LISTED_FILES = 20
+
+
+@app.command("gc")
+def gc_cmd(
+    ctx: typer.Context,
+    older_than_hours: Annotated[
+        float, typer.Option("--older-than-hours", min=0, help="Only files older than this go (writes in flight are younger).")
+    ] = 72.0,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would go; delete nothing.")] = False,
+    json_flag: JsonFlag = False,
+) -> None:
+    """Delete the files no retained snapshot of any branch or tag references, in every table."""
+    lake = _opts(ctx).lake()
+    with _progress("Collecting garbage" + (" (dry run)" if dry_run else "")):
+        report = lake.collect_garbage(older_than=_dt.timedelta(hours=older_than_hours), dry_run=dry_run)
+    details = _as_dict(report)
+    if _wants_json(ctx, json_flag):
+        return _emit_json(details)
+    files, size = details.get("files", []), details.get("bytes", 0)
+    verb = "Would delete" if dry_run else "Deleted"
+    out = _out()
+    out.print(Text.assemble((f"{verb} {_count(len(files))} file(s)", "green"), f", {_bytes(size)}"))
+    summary = {k: v for k, v in details.items() if k not in ("files", "bytes", "tables", "dry_run")}
+    if summary:
+        _print_report(out, summary, title=None)
+    if dry_run:
+        for path in files[:GC_LISTED_FILES]:
+            out.print(Text(str(path), style="dim"), soft_wrap=True)
+        if len(files) > GC_LISTED_FILES:
+            out.print(Text(f"… and {len(files) - GC_LISTED_FILES} more (--json lists them all)", style="dim"))
+
+columns_app = typer.Typer(
+    cls=_Group, help="Feature columns: soft delete, restore, purge.", no_args_is_help=True
+)
+app.add_typer(columns_app, name="columns")
+
+ColumnArg = Annotated[str, typer.Argument(help="Column name.", show_default=False)]
+
+
+@columns_app.command("delete")
+def columns_delete_cmd(ctx: typer.Context, table: TableArg, name: ColumnArg, json_flag: JsonFlag = False) -> None:
+    """Hide a feature column (nothing is rewritten; restore brings it back)."""
+    hidden = _opts(ctx).lake().table(table).soft_delete_column(name)
+    if _wants_json(ctx, json_flag):
+        return _emit_json({"operation": "soft_delete_column", "table": table, "column": name, "hidden_name": hidden})
+    _out().print(Text.assemble((f"Deleted column {name}", "green"), f" of {table} (hidden as {hidden}; restore undoes it)"))
+
+
+@columns_app.command("restore")
+def columns_restore_cmd(ctx: typer.Context, table: TableArg, name: ColumnArg, json_flag: JsonFlag = False) -> None:
+    """Bring a soft-deleted column back with its data and updates."""
+    _opts(ctx).lake().table(table).restore_column(name)
+    if _wants_json(ctx, json_flag):
+        return _emit_json({"operation": "restore_column", "table": table, "column": name})
+    _out().print(Text.assemble((f"Restored column {name}", "green"), f" of {table}"))
+
+
+@columns_app.command("purge")
+def columns_purge_cmd(
+    ctx: typer.Context,
+    table: TableArg,
+    name: ColumnArg,
+    grace_days: Annotated[
+        float, typer.Option("--grace-days", min=0, help="Days it must have been soft-deleted for.")
+    ] = 7.0,
+    json_flag: JsonFlag = False,
+) -> None:
+    """Drop a soft-deleted column from the schema once the grace period is over."""
+    _opts(ctx).lake().table(table).purge_column(name, grace=_dt.timedelta(days=grace_days))
+    if _wants_json(ctx, json_flag):
+        return _emit_json({"operation": "purge_column", "table": table, "column": name})
+    _out().print(Text.assemble((f"Purged column {name}", "green"), f" of {table} (compact and gc reclaim its bytes)"))
+
+
+index_app = typer.Typer(cls=_Group, help="The primary-key index: rebuild, verify.", no_args_is_help=True)
+app.add_typer(index_app, name="index")
+
+
+@index_app.command("rebuild")
+def index_rebuild_cmd(ctx: typer.Context, table: TableArg, branch: BranchOpt = MAIN, json_flag: JsonFlag = False) -> None:
+    """Rebuild a branch's key index from its data files (a metadata-only commit)."""
+    t = _opts(ctx).lake().table(table)
+    with _progress(f"Rebuilding the key index of {table}@{branch}"):
+        report = _as_dict(t.rebuild_index(branch))
+    if _wants_json(ctx, json_flag):
+        return _emit_json(report)
+    _print_report(_out(), {k: v for k, v in report.items() if k != "branch"}, title=f"Rebuilt the key index of {table}@{branch}")
+
+
+@index_app.command("verify")
+def index_verify_cmd(ctx: typer.Context, table: TableArg, branch: BranchOpt = MAIN, json_flag: JsonFlag = False) -> None:
+    """Check the key index against the data; exit status 1 when it is wrong."""
+    t = _opts(ctx).lake().table(table)
+    with _progress(f"Verifying the key index of {table}@{branch}"):
+        report = _as_dict(t.verify_index(branch))
+    if _wants_json(ctx, json_flag):
+        _emit_json(report)
+    else:
+        shown = {k: v for k, v in report.items() if k not in ("branch", "ok")}
+        _print_report(_out(), shown, title=f"Key index of {table}@{branch}: " + ("ok" if report.get("ok") else "WRONG"))
+    if not report.get("ok"):
+        problems = ", ".join(f"{k} {report[k]}" for k in ("missing", "wrong", "duplicate_keys") if report.get(k))
+        _print_error(CLIError(f"the key index of {table}@{branch} is wrong ({problems or 'see the report'}); "
+                              "run 'featurelake index rebuild'"))
+        raise typer.Exit(1)
+
+
+def _print_done(what: str, snapshot_id: Any) -> None:
+    _out().print(Text.assemble((what, "green"), ": snapshot ", (str(snapshot_id), "bold")), soft_wrap=True)
+
+
+@contextlib.contextmanager
+def _conflicts_reported(ctx: typer.Context, json_flag: bool, t: Any, payload: dict[str, Any]) -> Iterator[None]:
+    """A MergeConflictError becomes the list of conflicts (file, column, reason), one red line and exit 1."""
+    from featurelake.errors import MergeConflictError
+
+    try:
+        yield
+    except MergeConflictError as e:
+        conflicts = [{"file": f, "column": c, "reason": r} for f, c, r in e.conflicts]
+        if _wants_json(ctx, json_flag):
+            _emit_json({**payload, "error": str(e), "conflicts": conflicts})
+        else:
+            location = _table_location(t)
+            view = RichTable(title=f"{len(conflicts)} conflict(s); nothing was written", title_justify="left")
+            view.add_column("file", overflow="fold")
+            view.add_column("column", style="bold", no_wrap=True)
+            view.add_column("reason")
+            for c in conflicts:
+                view.add_row(_short_path(c["file"], location), c["column"], c["reason"])
+            _out().print(view)
+        _print_error(e)
+        raise typer.Exit(1) from None
+
+
+def _table_location(t: Any) -> str:
+    try:
+        return str(t.iceberg.location()).rstrip("/") + "/"
+    except Exception:  # only used to shorten paths for display
+        return ""
+
+
+def _short_path(path: str, location: str) -> str:
+    return path[len(location):] if location and path.startswith(location) else path
+
+
+def _first_rows_reported(t: Any, limit: int, kwargs: dict[str, Any]) -> tuple[pa.Table, bool]:
+    """``_first_rows``, then one warning line on stderr naming the bad files a read skipped."""
+    import warnings
+
+    with warnings.catch_warnings():  # the engine's warning per file becomes the one line below
+        warnings.filterwarnings("ignore", message="skipping bad file", category=UserWarning)
+        result = _first_rows(t, limit, kwargs)
+    report = getattr(t, "last_read_report", None)
+    skipped = list(getattr(report, "skipped_files", None) or [])
+    if skipped:
+        rows = getattr(report, "skipped_rows", 0)
+        _err().print(
+            Text.assemble(
+                ("Warning: ", "bold yellow"),
+                (f"skipped {len(skipped)} bad file(s) ({_count(rows)} row(s)): {', '.join(skipped)}", "yellow"),
+            ),
+            soft_wrap=True,
+        )
+    return result
 
 
 # ------------------------------------------------------------------ helpers

@@ -193,4 +193,44 @@ def backfill_features(
     return table.last_update_report
 
 
-__all__ = ["Feature", "FeatureRegistry", "REGISTRY", "feature", "compute_features", "backfill_features"]
+def columns_in_use(table: "Table", columns: Sequence[str], exclude: Sequence[str] = ()) -> set[str]:
+    """The ``columns`` some ref (branch or tag) other than ``exclude`` may hold values of.
+
+    A column is in use on a ref when an update file of the ref's head sets it,
+    or when a data file of the head stores it (conservative: with column
+    metrics off a stored all-null column cannot be told from a filled one).
+    Used to retire a rejected candidate column: Iceberg schemas are
+    table-wide, so a column backfilled on a research branch shows up (all
+    null) on main too until it is soft-deleted.
+    """
+    from featurelake.merge import snapshot_files
+
+    ice = table.refresh()
+    meta = ice.metadata
+    schema = ice.schema()
+    ids = {}
+    for c in columns:
+        try:
+            ids[schema.find_field(c).field_id] = c
+        except ValueError:
+            continue
+    used: set[int] = set()
+    for name, ref in meta.refs.items():
+        if name in exclude or not ids.keys() - used:
+            continue
+        snap = meta.snapshot_by_id(ref.snapshot_id)
+        used |= ids.keys() & table._state(ice, snap).updated_field_ids
+        for f in snapshot_files(ice, snap).values():
+            used |= ids.keys() & set((f.column_sizes or {}).keys())
+    return {ids[i] for i in used}
+
+
+__all__ = [
+    "Feature",
+    "FeatureRegistry",
+    "REGISTRY",
+    "feature",
+    "compute_features",
+    "backfill_features",
+    "columns_in_use",
+]

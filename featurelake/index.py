@@ -127,16 +127,17 @@ def _write(io: FileIO, location: str, files: list[str], k: np.ndarray, f: np.nda
     return Segment(path, len(k), int(k[0]), int(k[-1]), exact)
 
 
-def lookup(io: FileIO, segments: Sequence[dict], probe: np.ndarray, live: set[str]) -> tuple[np.ndarray, list[str], np.ndarray]:
+def lookup(io: FileIO, segments: Sequence[dict], probe: np.ndarray, live: set[str]) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
     """Where the index keys ``probe`` live among ``live`` data files.
 
-    Returns (probe row, data file, position) arrays for every hit; a key may
-    hit more than once only when its hash collides (hashed keys) — callers
-    verify those against the key columns.
+    Returns (probe row, file number, file names, position) for every hit;
+    file numbers index the returned names. A key hits more than once only
+    when its hash collides (hashed keys): callers verify those.
     """
     order = np.argsort(probe, kind="stable")
     sorted_probe = probe[order]
-    rows, files, positions = [], [], []
+    rows, file_ids, positions = [], [], []
+    names: list[str] = []
     lo_key, hi_key = (sorted_probe[0], sorted_probe[-1]) if len(probe) else (0, -1)
     for seg_dict in segments:
         seg = Segment.of(seg_dict)
@@ -145,24 +146,27 @@ def lookup(io: FileIO, segments: Sequence[dict], probe: np.ndarray, live: set[st
         loaded = _load(io, seg.path)
         start = np.searchsorted(loaded.k, sorted_probe, side="left")
         end = np.searchsorted(loaded.k, sorted_probe, side="right")
-        hit = end > start
+        counts = end - start
+        hit = counts > 0
         if not hit.any():
             continue
-        counts = (end - start)[hit]
+        counts = counts[hit]
         starts = start[hit]
-        idx = np.repeat(starts, counts) + (np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts))
-        probe_rows = np.repeat(order[hit], counts)
-        file_ids = loaded.f[idx]
-        is_live = np.array([path in live for path in loaded.files])
-        keep = is_live[file_ids]
+        firsts = np.cumsum(counts) - counts
+        idx = np.repeat(starts - firsts, counts) + np.arange(counts.sum())
+        seg_files = loaded.f[idx]
+        live_mask = np.fromiter((path in live for path in loaded.files), dtype=bool, count=len(loaded.files))
+        keep = live_mask[seg_files]
         if not keep.any():
             continue
-        rows.append(probe_rows[keep])
+        remap = np.cumsum(live_mask) - 1 + len(names)
+        names.extend(path for path, ok in zip(loaded.files, live_mask) if ok)
+        rows.append(np.repeat(order[hit], counts)[keep])
+        file_ids.append(remap[seg_files[keep]].astype(np.int32))
         positions.append(loaded.p[idx][keep])
-        files.extend(loaded.files[i] for i in file_ids[keep])
     if not rows:
-        return np.empty(0, np.int64), [], np.empty(0, np.int64)
-    return np.concatenate(rows), files, np.concatenate(positions)
+        return np.empty(0, np.int64), np.empty(0, np.int32), [], np.empty(0, np.int64)
+    return np.concatenate(rows), np.concatenate(file_ids), names, np.concatenate(positions)
 
 
 def covered_files(io: FileIO, segments: Sequence[dict]) -> set[str]:
@@ -278,7 +282,7 @@ def verify(table, branch: str = "main", snapshot_id: int | None = None) -> dict:
     truth = table.scan(keys, branch=str(snap.snapshot_id) if snap else branch, with_locator=True, ice=ice).to_table()
     found = find(table, ice, snap, truth.select(keys))
     expected = {(f, p) for f, p in zip(truth.column(LOCATOR_FILE).to_pylist(), truth.column(LOCATOR_POS).to_pylist())}
-    got = {(f, p) for f, p in zip(found.column(LOCATOR_FILE).to_pylist(), found.column(LOCATOR_POS).to_pylist())}
+    got = {(f, p) for f, p in zip(found.column(LOCATOR_FILE).cast(pa.string()).to_pylist(), found.column(LOCATOR_POS).to_pylist())}
     covered = covered_files(ice.io, state.index_segments) if state.index_segments else set()
     dups = duplicate_keys(truth, keys)
     report = {

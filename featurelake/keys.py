@@ -54,10 +54,10 @@ def duplicate_keys(tbl: pa.Table, keys: Sequence[str]) -> pa.Table:
     """The keys occurring more than once in ``tbl``."""
     if tbl.num_rows < 2:
         return tbl.select(list(keys)).slice(0, 0)
-    if len(keys) == 1:
-        col = tbl.column(keys[0])
-        if pc.count_distinct(col).as_py() == tbl.num_rows:
-            return tbl.select(list(keys)).slice(0, 0)
+    if len(keys) == 1 and pa.types.is_integer(tbl.column(keys[0]).type):
+        values = np.sort(tbl.column(keys[0]).to_numpy(zero_copy_only=False))
+        repeated = values[1:][values[1:] == values[:-1]]
+        return pa.table({keys[0]: pa.array(np.unique(repeated), tbl.column(keys[0]).type)})
     counts = tbl.select(list(keys)).group_by(list(keys)).aggregate([([], "count_all")])
     return counts.filter(pc.greater(counts["count_all"], 1)).select(list(keys))
 
@@ -119,61 +119,86 @@ def locate(make_scan, tbl: pa.Table, keys: Sequence[str], only_files: set[str] |
     return pa.concat_tables(parts)
 
 
+ROW = "__row"
+
+
 def find(table: "Table", ice: "IcebergTable", snapshot: "Snapshot | None", key_table: pa.Table) -> pa.Table:
-    """Where ``key_table``'s keys live at ``snapshot``: key columns, ``_file``, ``_pos``.
+    """Where ``key_table``'s keys live at ``snapshot``: ``__row`` (row of ``key_table``), ``_file``, ``_pos``.
 
     Uses the global key index (cost grows with the batch); data files no
     index segment covers (another engine's writes) are scanned instead, and
     hashed (non-integer or composite) keys are verified against the data.
+    ``_file`` is dictionary-encoded: one string per file, not per row.
     """
     from featurelake import index
     from featurelake.merge import snapshot_files
 
     keys = table.primary_key
-
-    def make_scan(columns, filter, with_locator):
-        return table.scan(columns, filter, branch=str(snapshot.snapshot_id), with_locator=with_locator, ice=ice)
-
-    if snapshot is None:
-        return table.scan(keys, with_locator=True, ice=ice).output_schema.empty_table()
+    out_schema = pa.schema(
+        [pa.field(ROW, pa.int64()), pa.field(LOCATOR_FILE, pa.dictionary(pa.int32(), pa.string())), pa.field(LOCATOR_POS, pa.int64())]
+    )
+    if snapshot is None or key_table.num_rows == 0:
+        return out_schema.empty_table()
     schema = ice.metadata.schema()
     target = pa.schema([arrow_schema(schema, field_ids=False).field(k) for k in keys])
     key_table = pa.Table.from_arrays([key_table.column(k).cast(target.field(k).type) for k in keys], schema=target)
     live = set(snapshot_files(ice, snapshot))
     segments = table._state(ice, snapshot).index_segments
     parts = []
-    if key_table.num_rows and segments:
-        rows, files, pos = index.lookup(ice.io, segments, index.encode(key_table), live)
+    if segments:
+        rows, file_ids, names, pos = index.lookup(ice.io, segments, index.encode(key_table), live)
         if len(rows):
-            hits = key_table.take(pa.array(rows))
-            hits = hits.append_column(LOCATOR_FILE, pa.array(files, pa.string())).append_column(LOCATOR_POS, pa.array(pos))
+            files = pa.DictionaryArray.from_arrays(pa.array(file_ids, pa.int32()), pa.array(names, pa.string()))
+            hits = pa.Table.from_arrays([pa.array(rows), files, pa.array(pos)], schema=out_schema)
             if not index.key_is_exact(schema, keys):
-                hits = _verify(ice, hits, keys)
+                hits = _verify(ice, hits, key_table, keys)
             parts.append(hits)
     uncovered = live - index.covered_files(ice.io, segments) if segments else live
-    if uncovered and key_table.num_rows:
-        parts.append(locate(make_scan, key_table, keys, only_files=uncovered))
+    if uncovered:
+
+        def make_scan(columns, filter, with_locator):
+            return table.scan(columns, filter, branch=str(snapshot.snapshot_id), with_locator=with_locator, ice=ice)
+
+        scanned = locate(make_scan, key_table, keys, only_files=uncovered)
+        if scanned.num_rows:
+            probe = key_table.append_column(ROW, pa.array(np.arange(key_table.num_rows)))
+            joined = probe.join(scanned.cast(pa.schema([target.field(k) for k in keys] + list(scanned.schema)[len(keys):])), keys=list(keys))
+            parts.append(
+                pa.Table.from_arrays(
+                    [joined.column(ROW), joined.column(LOCATOR_FILE).combine_chunks().dictionary_encode(), joined.column(LOCATOR_POS)],
+                    schema=out_schema,
+                )
+            )
     if not parts:
-        return make_scan(list(keys), None, True).output_schema.empty_table()
-    out_schema = parts[-1].schema if len(parts) == 1 else parts[0].schema
-    return pa.concat_tables([p.cast(out_schema) for p in parts])
+        return out_schema.empty_table()
+    return pa.concat_tables(parts).unify_dictionaries() if len(parts) > 1 else parts[0]
 
 
-def _verify(ice: "IcebergTable", hits: pa.Table, keys: Sequence[str]) -> pa.Table:
+def found_keys(found: pa.Table, key_table: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """The key values of ``find``'s hits."""
+    return key_table.select(list(keys)).take(found.column(ROW))
+
+
+def _verify(ice: "IcebergTable", hits: pa.Table, key_table: pa.Table, keys: Sequence[str]) -> pa.Table:
     """Drop hash collisions: keep hits whose data row really holds the key."""
     from featurelake.index import read_key_columns
 
     keep = np.zeros(hits.num_rows, dtype=bool)
-    files = hits.column(LOCATOR_FILE).to_pylist()
+    files = hits.column(LOCATOR_FILE).combine_chunks()
+    file_idx = files.indices.to_numpy(zero_copy_only=False)
     positions = hits.column(LOCATOR_POS).to_numpy()
-    for path in set(files):
-        rows = np.flatnonzero(np.array([f == path for f in files]))
+    probe_rows = hits.column(ROW).to_numpy()
+    for i, path in enumerate(files.dictionary.to_pylist()):
+        rows = np.flatnonzero(file_idx == i)
+        if not len(rows):
+            continue
         actual = read_key_columns(ice, path, keys).take(pa.array(positions[rows]))
+        wanted = key_table.take(pa.array(probe_rows[rows]))
         same = np.ones(len(rows), dtype=bool)
         for k in keys:
-            same &= pc.fill_null(pc.equal(actual.column(k), hits.column(k).take(pa.array(rows))), False).to_numpy(zero_copy_only=False)
+            same &= pc.fill_null(pc.equal(actual.column(k), wanted.column(k)), False).to_numpy(zero_copy_only=False)
         keep[rows[same]] = True
     return hits.filter(pa.array(keep))
 
 
-__all__ = ["check_keys", "duplicate_keys", "locate", "find", "LOCATOR_FILE", "LOCATOR_POS"]
+__all__ = ["check_keys", "duplicate_keys", "locate", "find", "found_keys", "ROW", "LOCATOR_FILE", "LOCATOR_POS"]

@@ -135,6 +135,33 @@ class Lake:
         _split_name(name)
         return self.catalog.table_exists(name)
 
+    # ------------------------------------------------------- sequence tables
+    def create_sequence_table(
+        self,
+        name: str,
+        schema: pa.Schema,
+        key: str,
+        time: str,
+        partition_by: Sequence[str] = (),
+        properties: dict[str, str] | None = None,
+        event_id: str = "event_id",
+    ):
+        """Create a table of user events (one row per event) for normalized sequences.
+
+        ``key`` is the user column, ``time`` the event time. Unless the schema
+        has an ``event_id`` column, one is added and filled by ``append``.
+        See :mod:`featurelake.sequences`.
+        """
+        from featurelake.sequences import create_sequence_table
+
+        return create_sequence_table(self, name, schema, key, time, partition_by, properties, event_id)
+
+    def sequence_table(self, name: str):
+        """Open an existing sequence table (append, build, lookup, view)."""
+        from featurelake.sequences import open_sequence_table
+
+        return open_sequence_table(self, name)
+
     def tables(self) -> list[str]:
         """Every table in the lake, as ``namespace.table``, sorted."""
         names = []

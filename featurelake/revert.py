@@ -19,7 +19,7 @@ from pyiceberg.table import Table as IcebergTable
 from featurelake import refs
 from featurelake.commit import optimistic
 from featurelake.errors import BranchNotFoundError, DuplicateKeyError, FeatureLakeError
-from featurelake.keys import find
+from featurelake.keys import find, found_keys
 from featurelake.schema import LOCATOR_FILE
 from featurelake.merge import ChangeSet, _replay, change_set
 
@@ -112,11 +112,14 @@ def _refuse_restored_duplicates(table: "Table", ice: IcebergTable, head, parent,
     ]
     if not restored:
         return
-    found = find(table, ice, head, pa.concat_tables(restored))
+    restored_keys = pa.concat_tables(restored)
+    hits = find(table, ice, head, restored_keys)
     # Rows in files the revert removes (a delete's rewritten files) are going away.
-    found = found.filter(pc.invert(pc.is_in(found[LOCATOR_FILE], value_set=pa.array(list(undo.removed_files), pa.string()))))
+    going = pa.array(list(undo.removed_files), pa.string())
+    hits = hits.filter(pc.invert(pc.is_in(hits.column(LOCATOR_FILE).cast(pa.string()), value_set=going)))
+    found = found_keys(hits, restored_keys, keys)
     if found.num_rows:
-        examples = found.select(keys).slice(0, 5).to_pylist()
+        examples = found.slice(0, 5).to_pylist()
         raise DuplicateKeyError(
             f"reverting would restore {found.num_rows} key(s) written again since, e.g. {examples}",
             examples,

@@ -334,3 +334,110 @@ def _concat(schema: pa.Schema, batches: list[pa.RecordBatch]) -> pa.RecordBatch:
     if concat is not None:
         return concat(batches)
     return pa.Table.from_batches(batches, schema=schema).combine_chunks().to_batches()[0]
+
+
+# ------------------------------------------------------------ user events
+#
+# Event histories for normalized sequences (featurelake.sequences): one row per
+# user event, streamed in time order like an event log, users interleaved.
+
+EVENT_TYPES = ("view", "click", "cart", "purchase")
+EVENT_TYPE_P = (0.70, 0.22, 0.06, 0.02)
+MAX_EVENT_TAGS = 3
+EVENT_TAG_VALUES = 1_000
+
+
+def user_events_schema(nested: bool = True) -> pa.Schema:
+    """The Arrow schema of :func:`user_events`.
+
+    ``user_id`` (int64) and ``ts`` (timestamp[us]) are NOT NULL; then
+    ``item_id`` (int64), ``event_type`` (string, one of :data:`EVENT_TYPES`),
+    ``dwell`` (float32 seconds) and, when ``nested``, ``tags``
+    (list<int32>, 0..3 values).
+    """
+    fields = [
+        pa.field("user_id", pa.int64(), nullable=False),
+        pa.field("ts", pa.timestamp("us"), nullable=False),
+        pa.field("item_id", pa.int64()),
+        pa.field("event_type", pa.string()),
+        pa.field("dwell", pa.float32()),
+    ]
+    if nested:
+        fields.append(pa.field("tags", pa.list_(pa.int32())))
+    return pa.schema(fields)
+
+
+def user_events(
+    users: int,
+    events_per_user: int,
+    *,
+    days: int = 30,
+    start: _dt.date = _dt.date(2026, 1, 1),
+    items: int = 100_000,
+    seed: int = 0,
+    batch_size: int = 65_536,
+    nested: bool = True,
+    first_user: int = 0,
+    item_skew: float = ITEM_SKEW,
+) -> Iterator[pa.RecordBatch]:
+    """Stream exactly ``events_per_user`` events for each of ``users`` users, in time order.
+
+    Users are ``first_user .. first_user + users - 1``; each user's events are
+    spread over ``days`` days from ``start`` (a seeded multinomial split per
+    user, uniform times within a day); within a day the stream is sorted by
+    ``ts`` with users interleaved, as an event log arrives. ``item_id`` is
+    power-law popular (``item_skew``), ``event_type`` mostly views, ``dwell``
+    exponential (mean 20 s). Memory holds one day of events at a time; the
+    same arguments always give the same events, whatever ``batch_size``.
+    """
+    for name, value, minimum in (("users", users, 1), ("events_per_user", events_per_user, 0), ("days", days, 1),
+                                 ("items", items, 1), ("seed", seed, 0), ("batch_size", batch_size, 1),
+                                 ("first_user", first_user, 0)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+            raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    if isinstance(start, _dt.datetime):
+        start = start.date()
+    schema = user_events_schema(nested)
+    counts = np.random.default_rng([seed, 0xC0, users, events_per_user, days]).multinomial(
+        int(events_per_user), [1.0 / days] * int(days), size=int(users)
+    )
+    ids = np.arange(first_user, first_user + users, dtype=np.int64)
+    day0 = (start.toordinal() - _EPOCH_ORDINAL) * _US_PER_DAY
+    codes = pa.array(list(EVENT_TYPES))
+
+    def day_batches() -> Iterator[pa.RecordBatch]:
+        for d in range(int(days)):
+            per_user = counts[:, d]
+            n = int(per_user.sum())
+            if n == 0:
+                continue
+            rng = np.random.default_rng([seed, 0xE7E7, d])
+            uid = np.repeat(ids, per_user)
+            ts = rng.integers(0, _US_PER_DAY, size=n, dtype=np.int64) + day0 + d * _US_PER_DAY
+            order = np.argsort(ts, kind="stable")
+            item = _ids(rng, n, int(items), float(item_skew), int(seed), 2)
+            etype = rng.choice(len(EVENT_TYPES), size=n, p=EVENT_TYPE_P).astype(np.int8)
+            dwell = rng.exponential(20.0, size=n).astype(np.float32)
+            arrays = [
+                pa.array(uid[order]),
+                pa.array(ts[order], type=pa.timestamp("us")),
+                pa.array(item[order]),
+                pa.DictionaryArray.from_arrays(pa.array(etype[order]), codes).cast(pa.string()),
+                pa.array(dwell[order]),
+            ]
+            if nested:
+                lens = rng.integers(0, MAX_EVENT_TAGS + 1, size=n, dtype=np.int32)[order]
+                vals = rng.integers(0, EVENT_TAG_VALUES, size=int(lens.sum()), dtype=np.int32)
+                arrays.append(pa.ListArray.from_arrays(pa.array(_offsets(lens)), pa.array(vals)))
+            yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+    return _batches(schema, day_batches(), int(batch_size))
+
+
+def user_events_table(users: int, events_per_user: int, **kwargs: Any) -> pa.Table:
+    """All of :func:`user_events` as one ``pa.Table`` (small data only)."""
+    schema = user_events_schema(kwargs.get("nested", True))
+    return pa.Table.from_batches(list(user_events(users, events_per_user, **kwargs)), schema=schema)
+
+
+__all__ += ["user_events_schema", "user_events", "user_events_table", "EVENT_TYPES"]

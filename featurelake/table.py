@@ -24,7 +24,7 @@ from featurelake.commit import optimistic
 from featurelake.errors import DuplicateKeyError, FeatureLakeError, SchemaMismatchError
 from featurelake import index
 from featurelake.index import read_key_columns
-from featurelake.keys import check_keys, find
+from featurelake.keys import check_keys, find, found_keys
 from featurelake.merge import snapshot_files
 from featurelake.rewrite import Removal, plan_removal
 from featurelake.read import DEFAULT_BATCH, Scan, parse_filter
@@ -135,13 +135,18 @@ class Table:
         sequences: dict[str, Any] | None = None,
     ) -> pa.Table:
         """Read a branch, tag or snapshot with update files merged in."""
+        extra: list[str] = []
+        if sequences:  # the joins need their key and time columns: read them, drop them after
+            from featurelake.sequences import columns_for_join
+
+            columns, extra = columns_for_join(columns, sequences)
         scan = self.scan(columns, filter, branch, snapshot_id, with_locator, max_bad_file_ratio)
         result = scan.to_table()
         self.last_read_report = scan.report
         if sequences:
             from featurelake.sequences import join_sequences
 
-            result = join_sequences(result, sequences)
+            result = join_sequences(result, sequences, drop=extra)
         return result
 
     def batches(
@@ -159,13 +164,18 @@ class Table:
         sequences: dict[str, Any] | None = None,
     ) -> Iterator[pa.RecordBatch]:
         """Stream record batches with bounded memory (files are read one or two ahead)."""
+        extra: list[str] = []
+        if sequences:  # the joins need their key and time columns: read them, drop them after
+            from featurelake.sequences import columns_for_join
+
+            columns, extra = columns_for_join(columns, sequences)
         scan = self.scan(columns, filter, branch, snapshot_id, with_locator, max_bad_file_ratio, batch_size)
         self.last_read_report = scan.report
         stream = scan.to_batches(shuffle=shuffle, seed=seed, sample=sample)
         if sequences:
             from featurelake.sequences import join_sequences_batches
 
-            return join_sequences_batches(stream, sequences)
+            return join_sequences_batches(stream, sequences, drop=extra)
         return stream
 
     # --------------------------------------------------------------- writing
@@ -386,15 +396,15 @@ class Table:
     def _refuse_existing(self, ice: IcebergTable, head: Snapshot, key_table: pa.Table, removal: "Removal | None" = None) -> None:
         """Raise DuplicateKeyError for keys already live at ``head`` (after ``removal``, if any)."""
         keys = self.primary_key
-        found = find(self, ice, head, key_table)
+        hits = find(self, ice, head, key_table)
         if removal is not None and not removal.empty:
             gone = pa.array([f.file_path for f in removal.removed], pa.string())
-            found = found.filter(pc.invert(pc.is_in(found.column(LOCATOR_FILE), value_set=gone))).select(keys)
-            kept = [read_key_columns(ice, f.file_path, keys) for f in removal.added]
-            if kept:
-                survivors = pa.concat_tables(kept)
-                probe = key_table.select(keys).cast(survivors.schema)
-                found = pa.concat_tables([found.cast(survivors.schema), probe.join(survivors, keys=keys, join_type="left semi")])
+            hits = hits.filter(pc.invert(pc.is_in(hits.column(LOCATOR_FILE).cast(pa.string()), value_set=gone)))
+        found = found_keys(hits, key_table, keys)
+        if removal is not None and removal.added:
+            survivors = pa.concat_tables([read_key_columns(ice, f.file_path, keys) for f in removal.added])
+            probe = key_table.select(keys).cast(survivors.schema)
+            found = pa.concat_tables([found.cast(survivors.schema), probe.join(survivors, keys=keys, join_type="left semi")])
         if found.num_rows:
             shown = found.select(keys).slice(0, 5).to_pylist()
             examples = [r[keys[0]] if len(keys) == 1 else tuple(r[k] for k in keys) for r in shown]

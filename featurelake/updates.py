@@ -27,7 +27,7 @@ from pyiceberg.table.snapshots import Snapshot
 from featurelake import refs
 from featurelake.commit import optimistic
 from featurelake.errors import DuplicateKeyError, NullKeyError, SchemaMismatchError, UnknownKeyError
-from featurelake.keys import check_keys, find
+from featurelake.keys import ROW, check_keys, find
 from featurelake.merge import snapshot_files
 from featurelake.read import POS_FIELD_ID
 from featurelake.schema import LOCATOR_FILE, LOCATOR_POS, RESERVED_PREFIX, _castable, arrow_schema, to_table
@@ -101,18 +101,10 @@ def _check_types(table_schema: pa.Schema, data: pa.Table, columns: list[str]) ->
 def _locate_by_key(table: "Table", ice: IcebergTable, head: Snapshot, data: pa.Table, on_unknown: OnUnknown, report: UpdateReport) -> pa.Table:
     keys = table.primary_key
     found = find(table, ice, head, data.select(keys))
-    joined = None
-    if found.num_rows:
-        # Acero joins no nested payload columns: join keys and a row index, then take the rows.
-        probe = data.select(keys).cast(found.select(keys).schema).append_column("__row", pa.array(np.arange(data.num_rows)))
-        hits = probe.join(found, keys=keys, join_type="inner")
-        joined = data.take(hits.column("__row")).append_column(LOCATOR_FILE, hits.column(LOCATOR_FILE)).append_column(
-            LOCATOR_POS, hits.column(LOCATOR_POS)
-        )
-    matched = joined.num_rows if joined is not None else 0
-    if matched < data.num_rows:
-        wanted = data.select(keys).cast(found.select(keys).schema)
-        missing = wanted.join(found.select(keys), keys=keys, join_type="left anti") if found.num_rows else wanted
+    matched = np.zeros(data.num_rows, dtype=bool)
+    matched[found.column(ROW).to_numpy()] = True
+    if not matched.all():
+        missing = data.select(keys).filter(pa.array(~matched))
         examples = missing.slice(0, 5).to_pylist()
         examples = [r[keys[0]] if len(keys) == 1 else tuple(r[k] for k in keys) for r in examples]
         if on_unknown != "skip":
@@ -123,7 +115,16 @@ def _locate_by_key(table: "Table", ice: IcebergTable, head: Snapshot, data: pa.T
                 count=missing.num_rows,
             )
         report.unknown_skipped = missing.num_rows
-    return joined if joined is not None else data.slice(0, 0)
+    return located_rows(data, found)
+
+
+def located_rows(data: pa.Table, found: pa.Table) -> pa.Table:
+    """The input rows ``find`` located, with their ``_file`` and ``_pos``."""
+    return (
+        data.take(found.column(ROW))
+        .append_column(LOCATOR_FILE, found.column(LOCATOR_FILE))
+        .append_column(LOCATOR_POS, found.column(LOCATOR_POS))
+    )
 
 
 def _check_locators(table: "Table", ice: IcebergTable, head: Snapshot, data: pa.Table) -> None:
@@ -151,11 +152,17 @@ def _check_locators(table: "Table", ice: IcebergTable, head: Snapshot, data: pa.
 
 def _groups(rows: pa.Table) -> list[tuple[str, pa.Table]]:
     """Rows split per data file, each sorted by position."""
-    rows = rows.sort_by([(LOCATOR_FILE, "ascending"), (LOCATOR_POS, "ascending")])
-    files = rows.column(LOCATOR_FILE).combine_chunks().dictionary_encode()
-    idx = files.indices.to_numpy(zero_copy_only=False)
-    bounds = np.concatenate([[0], np.flatnonzero(np.diff(idx)) + 1, [len(idx)]])
-    return [(files.dictionary[idx[a]].as_py(), rows.slice(a, b - a)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    files = rows.column(LOCATOR_FILE).combine_chunks()
+    if not pa.types.is_dictionary(files.type):
+        files = files.dictionary_encode()
+    file_idx = files.indices.to_numpy(zero_copy_only=False)
+    positions = rows.column(LOCATOR_POS).to_numpy()
+    order = np.lexsort((positions, file_idx))
+    rows = rows.take(pa.array(order))
+    file_idx = file_idx[order]
+    bounds = np.concatenate([[0], np.flatnonzero(np.diff(file_idx)) + 1, [len(file_idx)]])
+    names = files.dictionary
+    return [(names[file_idx[a]].as_py(), rows.slice(a, b - a)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
 
 def write_update_file(ice: IcebergTable, path: str, values: pa.Table, target: pa.Schema, positions: pa.Array | None) -> int:

@@ -28,11 +28,11 @@ from pyiceberg.table import Table as IcebergTable
 from featurelake import index, refs
 from featurelake.commit import optimistic
 from featurelake.errors import SchemaMismatchError
-from featurelake.keys import check_keys, find
+from featurelake.keys import ROW, check_keys, find
 from featurelake.merge import snapshot_files
-from featurelake.schema import LOCATOR_FILE, LOCATOR_POS, RESERVED_PREFIX, arrow_schema, conform, to_table
+from featurelake.schema import RESERVED_PREFIX, arrow_schema, conform, to_table
 from featurelake.state import STATE_KEY, StateWriter
-from featurelake.updates import UpdateReport, _check_types, add_columns, stage_update_files
+from featurelake.updates import UpdateReport, _check_types, add_columns, located_rows, stage_update_files
 
 if TYPE_CHECKING:
     from featurelake.table import Table
@@ -66,13 +66,8 @@ def upsert(table: "Table", data: Any, branch: str = refs.MAIN) -> UpdateReport:
         is_existing = np.zeros(data.num_rows, dtype=bool)
         existing = None
         if found is not None and found.num_rows:
-            probe = data.select(keys).cast(found.select(keys).schema).append_column("__row", pa.array(np.arange(data.num_rows)))
-            hits = probe.join(found, keys=keys, join_type="inner")
-            rows_idx = hits.column("__row").to_numpy()
-            is_existing[rows_idx] = True
-            existing = data.take(pa.array(rows_idx)).append_column(LOCATOR_FILE, hits.column(LOCATOR_FILE)).append_column(
-                LOCATOR_POS, hits.column(LOCATOR_POS)
-            )
+            is_existing[found.column(ROW).to_numpy()] = True
+            existing = located_rows(data, found)
         inserts = data.filter(pa.array(~is_existing))
 
         tx = ice.transaction()
