@@ -199,7 +199,8 @@ class Scan:
         attempt = 0
         while True:
             try:
-                return pq.ParquetFile(self.io.new_input(path).open(), pre_buffer=True)
+                # Pre-buffering coalesces reads on object storage; on local disk it only costs.
+                return pq.ParquetFile(self.io.new_input(path).open(), pre_buffer=not path.startswith("file:"))
             except FileNotFoundError as e:
                 raise CorruptFileError(f"file {path} is missing", path) from e
             except pa.ArrowInvalid as e:
