@@ -162,7 +162,8 @@ def find(table: "Table", ice: "IcebergTable", snapshot: "Snapshot | None", key_t
         scanned = locate(make_scan, key_table, keys, only_files=uncovered)
         if scanned.num_rows:
             probe = key_table.append_column(ROW, pa.array(np.arange(key_table.num_rows)))
-            joined = probe.join(scanned.cast(pa.schema([target.field(k) for k in keys] + list(scanned.schema)[len(keys):])), keys=list(keys))
+            scanned = scanned.cast(pa.schema([target.field(k) for k in keys] + list(scanned.schema)[len(keys):]))
+            joined = probe.join(scanned, keys=list(keys), join_type="inner")
             parts.append(
                 pa.Table.from_arrays(
                     [joined.column(ROW), joined.column(LOCATOR_FILE).combine_chunks().dictionary_encode(), joined.column(LOCATOR_POS)],

@@ -301,3 +301,24 @@ def test_compaction_equals_plain_pyiceberg(samples):
     plain = t.iceberg.scan().to_arrow().sort_by("sample_id")
     assert plain.equals(merged)
     assert t.compact().skipped  # nothing left to do
+
+
+def test_snapshot_by_another_engine_inherits_state(samples):
+    t, data = samples
+    t.backfill(pa.table({"sample_id": data["sample_id"], "ctr": pc.multiply(data["f0"], 0.1)}))
+    merged = t.read(columns=["sample_id", "ctr"]).sort_by("sample_id")
+    # plain pyiceberg appends a day: its snapshot carries no featurelake state of its own
+    extra = impressions_table(40, days=1, seed=8).set_column(0, "sample_id", pa.array(range(10**12, 10**12 + 40), pa.int64()))
+    ice = t.iceberg
+    full = extra.append_column("ctr", pa.nulls(40, pa.float32()))
+    ice.append(full.cast(ice.schema().as_arrow()))
+    assert "featurelake.state" not in t.iceberg.current_snapshot().summary.additional_properties
+    got = t.read(columns=["sample_id", "ctr"]).sort_by("sample_id")
+    assert got.num_rows == merged.num_rows + 40
+    assert got.slice(0, merged.num_rows).equals(merged)  # the updates are still merged
+    # keys of the other engine's file are found although no index segment covers it
+    with pytest.raises(DuplicateKeyError):
+        t.append(extra.slice(0, 1))
+    t.backfill(pa.table({"sample_id": extra["sample_id"].slice(0, 3), "ctr": pa.array([1.0, 2.0, 3.0], pa.float32())}))
+    assert t.read(columns=["ctr"], filter="sample_id >= 1000000000000 and ctr > 0")["ctr"].to_pylist() == [1.0, 2.0, 3.0]
+    assert t.verify_index()["uncovered_files"] == 1 and t.verify_index()["ok"]
