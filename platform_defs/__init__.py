@@ -10,6 +10,11 @@ from __future__ import annotations
 from dagster import AssetSelection, Definitions, define_asset_job
 
 from assets import main as main_group
+from assets import label_targets as labels_group
+from assets import maintenance as maintenance_group
+from assets import research as research_group
+from platform_defs.schedules import nightly_maintenance_job, nightly_maintenance_schedule
+from platform_defs.sensors import compaction_job, compaction_sensor
 from resources import lake_resource_from_env
 
 main_job = define_asset_job(
@@ -27,12 +32,29 @@ def build_resources(env=None) -> dict:
 
 def build_defs(env=None) -> Definitions:
     return Definitions(
-        assets=[*main_group.main_assets],
-        jobs=[main_job],
+        assets=[
+            *main_group.main_assets,
+            *maintenance_group.maintenance_assets,
+            *research_group.research_assets,
+            *labels_group.labels_assets,
+        ],
+        asset_checks=[*research_group.research_checks],
+        jobs=[
+            main_job,
+            compaction_job,
+            nightly_maintenance_job,
+            research_group.research_job,
+            labels_group.labels_job,
+        ],
+        sensors=[compaction_sensor(), research_group.research_spec_sensor],
+        schedules=[nightly_maintenance_schedule()],
         resources=build_resources(env),
     )
 
 
 defs = build_defs()
 
-__all__ = ["defs", "build_defs", "build_resources", "main_job"]
+research_job = research_group.research_job
+labels_job = labels_group.labels_job
+
+__all__ = ["defs", "build_defs", "build_resources", "main_job", "research_job", "labels_job"]

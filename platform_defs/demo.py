@@ -448,6 +448,44 @@ def run_demo(
     return summary
 
 
+# -- research branches, training targets, storage per branch (platform_defs/demo_research.py) --
+@summary_section("research")
+def _research_section(lake, context: dict) -> Optional[dict]:
+    """Research branch ctr-v2: one candidate blocked by the quality gate, one merged into main."""
+    from platform_defs.demo_research import run_research
+
+    return run_research(lake, context)
+
+
+@summary_section("training targets")
+def _targets_section(lake, context: dict) -> Optional[dict]:
+    """Two training targets, each labelled on its own label branch (main untouched)."""
+    from platform_defs.demo_research import run_targets
+
+    return run_targets(lake, context)
+
+
+@summary_section("storage")
+def _storage_section(lake, context: dict) -> Optional[dict]:
+    """Per branch of ml.samples: bytes owned alone vs shared with other refs."""
+    from platform_defs.demo_research import storage_per_branch
+
+    return storage_per_branch(lake, context)
+
+
+COLUMN_LABELS.update({"exclusive_bytes": "exclusive", "shared_bytes": "shared", "exclusive_ratio": "owned"})
+HIDDEN_KEYS.add("attempts")  # the research section's structured attempts (JSON only)
+
+
+# -- maintenance (registered last: the demo ends with it) ---------------------------------
+@summary_section("maintenance")
+def _maintenance_section(lake, context: dict) -> Optional[dict]:
+    """The compaction sensor's logic requests compaction of main, it runs; then a GC dry run."""
+    from platform_defs.sensors import demo_maintenance
+
+    return demo_maintenance(lake, context)
+
+
 __all__ = [
     "run_demo",
     "build_summary",

@@ -46,9 +46,53 @@ def test_run_demo_smoke(tmp_path, monkeypatch):
     assert (dagster_home / "dagster.yaml").exists()
     inst = DagsterInstance.from_config(str(dagster_home))
     try:
-        assert inst.get_runs_count() == 2
+        runs = inst.get_runs()
+        assert len([r for r in runs if r.tags.get("dagster/partition") in summary["partitions"]]) == 2
+        # the demo ends with the compaction the sensor requested, recorded there too
+        compactions = [r for r in runs if r.tags.get("dagster/partition") == "ml.samples|main"]
+        research_runs = [r for r in runs if r.tags.get("dagster/partition") == "ctr-v2"]
+        target_runs = [r for r in runs if r.tags.get("dagster/partition") in ("ctr", "long_dwell")]
+        assert len(research_runs) == len(summary["research"]["attempts"]) == 2 and len(target_runs) == 2
+        assert len(compactions) == 1
+        assert len(runs) == 2 + len(compactions) + len(research_runs) + len(target_runs)
     finally:
         inst.dispose()
+
+    # maintenance: the sensor's logic requested compaction of main, it folded the labels
+    maint = summary["maintenance"]
+    assert "ml.samples|main" in maint["requested"] and maint["compacted"] == "ml.samples|main"
+    # main's update files when maintenance starts: one per data file for the labels, one per data
+    # file for the research feature merged into main
+    main_updates = summary["storage"]["main"]["update_files"]
+    assert main_updates == 2 * labels["table_update_files"]
+    assert maint["requested_again"] == 0 and maint["update_files_folded"] == main_updates
+    grid = maint["compaction ml.samples|main"]
+    assert grid["before"]["update_files"] == main_updates and grid["after"]["update_files"] == 0
+    assert grid["after"]["files"] >= 1 and grid["after"]["bytes"] > 0
+    assert maint["gc_dry_run"]["files"] >= 0 and maint["gc_after_expiry"]["files"] > 0
+    assert "maintenance · compaction ml.samples|main" in out and "gc_dry_run" in out
+
+    # research: attempt 1 blocked (main unchanged), attempt 2 narrowed to the passing candidate, merged
+    research = summary["research"]
+    first, second = research["attempts"]
+    assert not first["merged"] and first["main_before"] == first["main_after"]
+    assert first["features"] == ["f0_f1_blend", "f2_norm"] and all(f.startswith("f2_norm.") for f in first["failing"])
+    assert second["merged"] and second["features"] == ["f0_f1_blend"] and second["main_after"] != second["main_before"]
+    assert research["candidate f0_f1_blend"]["outcome"] == "merged into main"
+    assert research["candidate f0_f1_blend"]["values_on_main"] > 0
+    assert research["candidate f2_norm"]["outcome"].startswith("blocked")
+    assert research["candidate f2_norm"]["values_on_main"] == 0
+    # two label targets on their own branches; main untouched by them
+    targets = summary["training targets"]
+    assert "(unchanged)" in targets["main snapshot"]
+    for name in ("ctr", "long_dwell"):
+        row = targets[f"target {name}"]
+        assert row["branch"] == f"labels/{name}" and row["rows_labelled"] == 600 and row["main_unchanged"]
+        assert 0 < row["exclusive_bytes"] < row["shared_bytes"]
+    storage = summary["storage"]
+    assert set(storage) == {"main", "research/ctr-v2", "labels/ctr", "labels/long_dwell"}
+    assert storage["labels/ctr"]["exclusive_bytes"] > 0 and storage["research/ctr-v2"]["exclusive_bytes"] == 0
+    assert "research · candidate f2_norm" in out and "storage" in out and "training targets · target ctr" in out
 
     # a second demo run re-materializes the same days: still no duplicates
     again = run_demo(home, days=2, rows_per_day=300, print_report=False)
