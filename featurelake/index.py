@@ -176,11 +176,19 @@ def covered_files(io: FileIO, segments: Sequence[dict]) -> set[str]:
     return out
 
 
-def merge(io: FileIO, location: str, segments: Sequence[dict], live: set[str]) -> list[dict]:
-    """One segment holding the live entries of ``segments`` (dead files dropped)."""
+def merge(
+    io: FileIO,
+    location: str,
+    segments: Sequence[dict],
+    live: set[str],
+    extra: Sequence[tuple[str, np.ndarray]] = (),
+    exact: bool | None = None,
+) -> list[dict]:
+    """One segment holding the live entries of ``segments`` plus ``extra`` (file, keys) pairs."""
     files: list[str] = []
     ks, fs, ps = [], [], []
-    exact = all(bool(s["exact"]) for s in segments)
+    if exact is None:
+        exact = all(bool(s["exact"]) for s in segments)
     for seg in segments:
         loaded = _load(io, seg["path"])
         remap = np.full(len(loaded.files), -1, dtype=np.int32)
@@ -193,7 +201,12 @@ def merge(io: FileIO, location: str, segments: Sequence[dict], live: set[str]) -
         ks.append(loaded.k[keep])
         fs.append(new_ids[keep])
         ps.append(loaded.p[keep])
-    if not files:
+    for path, keys in extra:
+        ks.append(keys.astype(np.int64, copy=False))
+        fs.append(np.full(len(keys), len(files), dtype=np.int32))
+        ps.append(np.arange(len(keys), dtype=np.int64))
+        files.append(path)
+    if not files or not sum(len(k) for k in ks):
         return []
     return [_write(io, location, files, np.concatenate(ks), np.concatenate(fs), np.concatenate(ps), exact).as_dict()]
 

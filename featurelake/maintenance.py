@@ -23,7 +23,7 @@ from pyiceberg.table import Table as IcebergTable
 from featurelake import index, refs
 from featurelake.commit import optimistic
 from featurelake.errors import CorruptFileError
-from featurelake.rewrite import merged_rows, write_data_files
+from featurelake.rewrite import merged_rows, rewrite_scan, write_data_files
 from featurelake.state import STATE_KEY, StateWriter
 
 if TYPE_CHECKING:
@@ -119,6 +119,7 @@ def compact(
             report.snapshot_id = head.snapshot_id
             return report
         budget = int(max_bad_file_ratio * len(tasks) + 1e-9)
+        scan = rewrite_scan(table, ice, head)
         bad: dict[str, str] = {}
         writer = StateWriter(state, ice.io, table._platform_dir(ice))
         removed: list[DataFile] = []
@@ -133,13 +134,13 @@ def compact(
                 parts = []
                 for t in bin_:
                     try:
-                        parts.append(merged_rows(table, ice, head, t))
+                        parts.append(merged_rows(scan, t))
                     except CorruptFileError as e:
                         if len(bad) >= budget:
                             raise
                         bad[t.file.file_path] = str(e)
                         warnings.warn(f"compaction leaves a bad file in place: {e}", stacklevel=2)
-                files = write_data_files(ice, pa.concat_tables(parts), write_uuid, counter) if parts else []
+                files = write_data_files(ice, pa.concat_tables(parts), write_uuid, counter, target_file_bytes=target) if parts else []
                 written.extend(f.file_path for f in files)
                 reuse[key] = files
             added.extend(reuse[key])
@@ -157,10 +158,11 @@ def compact(
                 progress(i + 1, len(chosen))
         removed_paths = {f.file_path for f in removed}
         live_after = ({t.file.file_path for t in tasks} - removed_paths) | {f.file_path for f in added}
-        # Rewritten rows moved: index the new files, and merge the index while at it.
-        index.extend(ice, writer, [f.file_path for f in added], table.primary_key, live_after)
-        if len(writer.index_segments) > 1:
-            writer.replace_index_segments(index.merge(ice.io, index.location_of(ice), writer.index_segments, live_after))
+        # Rewritten rows moved: merge the index into one segment that covers the new files too.
+        fresh = index.file_keys(ice, [f.file_path for f in added], table.primary_key)
+        writer.replace_index_segments(
+            index.merge(ice.io, index.location_of(ice), writer.index_segments, live_after, extra=fresh, exact=index.key_is_exact(ice.schema(), table.primary_key))
+        )
         root = writer.write() if writer.changed else state.root_path
         snapshot_props = {"featurelake.operation": "compact"}
         if root:

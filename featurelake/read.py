@@ -48,6 +48,8 @@ from featurelake.schema import LOCATOR_FILE, LOCATOR_POS, arrow_schema
 from featurelake.state import PlatformState, UpdateEntry
 
 if TYPE_CHECKING:
+    from pyiceberg.table import Table as IcebergTable
+
     from featurelake.table import Table
 
 log = logging.getLogger(__name__)
@@ -128,11 +130,13 @@ class Scan:
         max_bad_file_ratio: float = 0.0,
         batch_size: int = DEFAULT_BATCH,
         include_hidden: bool = False,
+        ice: "IcebergTable | None" = None,
     ) -> None:
         if not 0.0 <= max_bad_file_ratio <= 1.0:
             raise ValueError("max_bad_file_ratio must be between 0 and 1")
         self.table = table
-        self.io: FileIO = table.iceberg.io
+        self.ice = ice if ice is not None else table.iceberg
+        self.io: FileIO = self.ice.io
         self.snapshot = snapshot
         self.schema = schema
         self.state = state
@@ -178,13 +182,13 @@ class Scan:
             self._tasks = []
             return self._tasks
         relaxed = _relax(rewrite_not(self.bound_filter), self.state.updated_field_ids)
-        current = self.table.iceberg.metadata.schema()
+        current = self.ice.metadata.schema()
         try:
             plan_filter = translate_column_names(relaxed, current, case_sensitive=True)
-            tasks = list(self.table.iceberg.scan(row_filter=plan_filter, snapshot_id=self.snapshot.snapshot_id).plan_files())
+            tasks = list(self.ice.scan(row_filter=plan_filter, snapshot_id=self.snapshot.snapshot_id).plan_files())
         except ValueError:
             # A predicate on a column the current schema no longer has: plan without pruning.
-            tasks = list(self.table.iceberg.scan(snapshot_id=self.snapshot.snapshot_id).plan_files())
+            tasks = list(self.ice.scan(snapshot_id=self.snapshot.snapshot_id).plan_files())
         for t in tasks:
             if t.delete_files:
                 raise FeatureLakeError(

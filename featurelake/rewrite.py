@@ -7,6 +7,7 @@ platform state in the same commit.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -39,20 +40,65 @@ class Removal:
         return not self.removed and not self.added
 
 
-def merged_rows(table: "Table", ice: IcebergTable, head: Snapshot, task: FileScanTask, with_locator: bool = False) -> pa.Table:
-    """Every row of one data file at ``head``, update files merged, in the current schema."""
+def rewrite_scan(table: "Table", ice: IcebergTable, head: Snapshot, with_locator: bool = False):
+    """A scan of every column (hidden ones too) of ``head`` in the current schema, for rewriting files."""
     # By id as a ref, not as snapshot_id=: the current schema, so rewritten files carry every column.
-    scan = table.scan(branch=str(head.snapshot_id), with_locator=with_locator, ice=ice, include_hidden=True)
-    batches = list(scan.read_file(task))
-    return pa.Table.from_batches(batches, schema=scan.output_schema)
+    return table.scan(branch=str(head.snapshot_id), with_locator=with_locator, ice=ice, include_hidden=True)
 
 
-def write_data_files(ice: IcebergTable, rows: pa.Table, write_uuid, counter) -> list[DataFile]:
+def merged_rows(scan, task: FileScanTask) -> pa.Table:
+    """Every row of one data file, update files merged (``scan`` from ``rewrite_scan``)."""
+    return pa.Table.from_batches(list(scan.read_file(task)), schema=scan.output_schema)
+
+
+def write_data_files(
+    ice: IcebergTable, rows: pa.Table, write_uuid=None, counter=None, *, metadata=None, target_file_bytes: int | None = None
+) -> list[DataFile]:
+    """Write rows (in the table's current schema) as data files; the one writer every write uses.
+
+    ``metadata`` is the table metadata to write under (a transaction's, when
+    the schema changes in the same commit). Column sizes and counts are kept
+    only for the columns that keep statistics (key and partition sources):
+    pyiceberg records them for every column even with metrics off, and on a
+    table with thousands of columns they dominate the manifests.
+    """
     if rows.num_rows == 0:
         return []
-    target = arrow_schema(ice.schema())
-    rows = pa.Table.from_arrays([rows.column(f.name).cast(f.type) for f in target], schema=target)
-    return list(_dataframe_to_data_files(ice.metadata, rows, ice.io, write_uuid=write_uuid, counter=counter))
+    meta = metadata or ice.metadata
+    target = arrow_schema(meta.schema())
+    rows = pa.Table.from_arrays([rows.column(f.name).cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type) for f in target], schema=target)
+    if target_file_bytes is not None:
+        props = dict(meta.properties, **{"write.target-file-size-bytes": str(target_file_bytes)})
+        meta = meta.model_copy(update={"properties": props})
+    files = list(_dataframe_to_data_files(meta, rows, ice.io, write_uuid=write_uuid, counter=counter or itertools.count(0)))
+    keep = _stats_field_ids(meta)
+    if keep is not None:
+        for f in files:
+            for attr, pos in _COUNT_FIELDS.items():
+                values = getattr(f, attr, None)
+                if values and f[pos] is values:  # DataFile is a positional record without setters
+                    f[pos] = {k: v for k, v in values.items() if k in keep}
+    return files
+
+
+_COUNT_FIELDS = {"column_sizes": 6, "value_counts": 7, "null_value_counts": 8, "nan_value_counts": 9}
+
+
+def _stats_field_ids(meta) -> set[int] | None:
+    """Field ids whose statistics the table keeps; None when metrics are not slimmed."""
+    props = meta.properties
+    if props.get("write.metadata.metrics.default", "").lower() != "none":
+        return None
+    schema = meta.schema()
+    prefix = "write.metadata.metrics.column."
+    keep = set()
+    for key, mode in props.items():
+        if key.startswith(prefix) and mode.lower() != "none":
+            try:
+                keep.add(schema.find_field(key[len(prefix) :]).field_id)
+            except ValueError:
+                pass
+    return keep
 
 
 def plan_removal(
@@ -63,6 +109,7 @@ def plan_removal(
     Rewritten files' update entries leave ``writer``'s state.
     """
     probe = table.scan([], filter, branch=str(head.snapshot_id), with_locator=True, ice=ice)
+    full = rewrite_scan(table, ice, head, with_locator=True)
     removal = Removal()
     for task in probe.tasks():
         matched = [b.column(LOCATOR_POS) for b in probe.read_file(task)]
@@ -74,7 +121,7 @@ def plan_removal(
         writer.drop_data_file(task.file.file_path)
         if hits == task.file.record_count:
             continue
-        rows = merged_rows(table, ice, head, task, with_locator=True)
+        rows = merged_rows(full, task)
         gone = pa.chunked_array(matched).combine_chunks()
         keep = rows.filter(pc.invert(pc.is_in(rows.column(LOCATOR_POS), value_set=gone)))
         removal.added.extend(write_data_files(ice, keep, write_uuid, counter))

@@ -13,12 +13,16 @@ and joins them back in the reader. featurelake does the same:
   events together (better compression; the table's Iceberg sort order says so).
 * **Store build** (``st.build()``): the current snapshot becomes a key-value
   store (:mod:`featurelake.seqstore`): each user's events sorted by time, cut
-  into fixed-size chunks (oldest first, ``chunk_events`` per chunk) and
-  encoded per column group as Arrow IPC messages, plus a small per-user head
-  (event count, first event time of every chunk). Written offline into sorted
-  files and bulk-loaded. Each build records the snapshot it reflects; an
-  incremental build re-encodes only users with new events, from their first
-  affected chunk on, and shares every other byte with the build it extends.
+  into fixed-size chunks (oldest first, ``chunk_events`` per chunk), one value
+  per (user, chunk, column group), plus a small per-user head (event count,
+  first event time of every chunk). Groups of fixed-width and low-cardinality
+  string columns are stored as fixed-size raw chunks (a batch decodes with
+  numpy views, no per-chunk work); others (lists, structs, free text) as Arrow
+  IPC messages. Written offline into sorted files and bulk-loaded; no
+  per-row puts, no compaction. Each build records the snapshot it reflects
+  (``<store root>/<build id>/build.json``); an incremental build re-encodes
+  only users with new events, from their first affected chunk on, and
+  hard-links every other byte from the build it extends.
 * **Lookup and join**: ``st.lookup(keys, before, columns, max_len, window)``
   reads the heads of the unique users, picks only the chunks that can hold
   the last ``max_len`` events before ``before`` (inside ``window``), fetches
@@ -42,7 +46,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -58,7 +62,20 @@ from featurelake.errors import (
     SchemaMismatchError,
     TableNotFoundError,
 )
-from featurelake.seqstore import READERS, KeyCodec, RocksDBBackend, StoreBackend, backend_from_dict, write_json_atomic
+from featurelake.seqstore import (
+    DICT_MAX,
+    READERS,
+    FixedCodec,
+    IpcCodec,
+    KeyCodec,
+    RocksDBBackend,
+    StoreBackend,
+    backend_from_dict,
+    codec_from_dict,
+    fixed_dtype,
+    is_string,
+    write_json_atomic,
+)
 from featurelake.table import MAIN, Table, _chunks
 
 if TYPE_CHECKING:
@@ -174,6 +191,9 @@ class BuildInfo:
     chunks: int
     bytes: int
     store_bytes: int
+    group_codecs: list[dict] = dataclasses.field(default_factory=list)
+    codec_mode: str = "auto"
+    columns: list[str] = dataclasses.field(default_factory=list)  # time + attributes, in table order
     incremental: bool = False
     base_build: str | None = None
     new_events: int = 0
@@ -185,6 +205,7 @@ class BuildInfo:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("group_schemas")
+        d["group_codecs"] = [c.get("kind", "ipc") for c in self.group_codecs]
         return d
 
     @property
@@ -194,10 +215,15 @@ class BuildInfo:
     def layout(self) -> tuple:
         """What must match for an incremental build to extend this one."""
         return (self.key, self.time, self.key_type, self.time_type, self.chunk_events,
-                self.column_groups, self.group_schemas, self.store)
+                self.column_groups, self.group_schemas, self.store, self.codec_mode)
 
     def schemas(self) -> list[pa.Schema]:
         return [ipc.read_schema(pa.py_buffer(base64.b64decode(s))) for s in self.group_schemas]
+
+    def codecs(self) -> list:
+        schemas = self.schemas()
+        raw = self.group_codecs or [{"kind": "ipc"}] * len(schemas)
+        return [codec_from_dict(d, s, self.chunk_events) for d, s in zip(raw, schemas)]
 
 
 def _load_build(path: Path) -> BuildInfo:
@@ -218,8 +244,10 @@ class _Layout:
     key_type: pa.DataType
     time_type: pa.DataType
     chunk_events: int
-    groups: list[list[str]]          # attribute columns per group (time is in every group)
-    group_schemas: list[pa.Schema]   # time + group columns
+    groups: list[list[str]]          # attribute columns per group
+    attributes: list[str]            # every stored attribute, in table order
+    group_schemas: list[pa.Schema]   # group 0 carries the time column too (the hot group)
+    codec_mode: str = "auto"         # "auto": fixed-size chunks where the types allow; "ipc": Arrow IPC everywhere
 
     @property
     def stored(self) -> list[str]:
@@ -229,6 +257,21 @@ class _Layout:
     def scan_columns(self) -> list[str]:
         extra = [self.event_id] if self.event_id not in self.stored else []
         return [self.key, self.time] + extra + self.stored
+
+    def dictionary_columns(self) -> list[str]:
+        """String columns of groups that could use the fixed codec (their distinct values are counted)."""
+        if self.codec_mode != "auto":
+            return []
+        out = []
+        for schema in self.group_schemas:
+            if all(fixed_dtype(f.type) is not None or is_string(f.type) for f in schema):
+                out += [f.name for f in schema if is_string(f.type)]
+        return out
+
+    def plan_codecs(self, uniques: dict[str, list[str] | None]) -> list:
+        if self.codec_mode != "auto":
+            return [IpcCodec(s) for s in self.group_schemas]
+        return [FixedCodec.plan(s, self.chunk_events, uniques, delta=[self.time]) or IpcCodec(s) for s in self.group_schemas]
 
 
 # ============================================================ the table
@@ -311,12 +354,15 @@ class SequenceTable(Table):
                 raise NullKeyError(f"{chunk.column(key).null_count} event(s) have a null {key!r}", count=chunk.column(key).null_count)
             if chunk.column(time).null_count:
                 raise SchemaMismatchError(f"{chunk.column(time).null_count} event(s) have a null {time!r}", [time])
-            if self.synthetic_event_id:
-                if eid in chunk.column_names:
-                    raise SchemaMismatchError(f"{eid!r} is assigned by the sequence table; leave it out of the events", [eid])
-                chunk = chunk.append_column(eid, pa.array(np.arange(base, base + chunk.num_rows, dtype=np.int64)))
-                base += chunk.num_rows
-            yield chunk.sort_by([(key, "ascending"), (time, "ascending"), (eid, "ascending")])
+            if not self.synthetic_event_id:
+                yield chunk.sort_by([(key, "ascending"), (time, "ascending"), (eid, "ascending")])
+                continue
+            if eid in chunk.column_names:
+                raise SchemaMismatchError(f"{eid!r} is assigned by the sequence table; leave it out of the events", [eid])
+            # ids follow the written order (ties keep arrival order): they stay sequential inside each file
+            chunk = chunk.take(pc.sort_indices(chunk, [(key, "ascending"), (time, "ascending")]))
+            yield chunk.append_column(eid, pa.array(np.arange(base, base + chunk.num_rows, dtype=np.int64)))
+            base += chunk.num_rows
 
     def _next_event_id(self, branch: str) -> int:
         from pyiceberg.conversions import from_bytes
@@ -399,6 +445,7 @@ class SequenceTable(Table):
         bucket_rows: int = BUCKET_ROWS,
         force: bool = False,
         threads: int = DEFAULT_THREADS,
+        codecs: str | None = None,
     ) -> BuildInfo:
         """Build the serving store for a branch head (or a snapshot); returns its record.
 
@@ -406,8 +453,11 @@ class SequenceTable(Table):
         ``incremental`` and a previous build whose snapshot's data files are
         all still live (appends only since), only users with new events are
         re-encoded, from their first affected chunk on. ``column_groups``
-        splits attributes into separately fetched groups (hot/cold); time is
-        stored in every group.
+        splits attributes into separately fetched groups, hot first: the
+        first group also holds the time column. ``codecs="auto"`` stores
+        groups of fixed-width and low-cardinality string columns as fixed-size
+        raw chunks (decoded without per-chunk work), others as Arrow IPC;
+        ``"ipc"`` uses Arrow IPC everywhere.
         """
         t0 = _time.perf_counter()
         ice = self.refresh()
@@ -415,8 +465,9 @@ class SequenceTable(Table):
         if snap is None:
             raise SequenceBuildError(f"{self.name}@{branch} has no events yet: append events first")
         previous = self.builds()
-        layout = self._layout(ice, snap, chunk_events, column_groups, previous)
-        backend = backend or (backend_from_dict(previous[-1].store) if previous and chunk_events is None and column_groups is None else RocksDBBackend())
+        inherit = previous and chunk_events is None and column_groups is None and codecs is None
+        layout = self._layout(ice, snap, chunk_events, column_groups, previous, codecs)
+        backend = backend or (backend_from_dict(previous[-1].store) if inherit else RocksDBBackend())
         if not force:
             same = [b for b in previous if b.snapshot_id == snap.snapshot_id and _layout_key(layout, backend) == b.layout()]
             if same:
@@ -430,10 +481,14 @@ class SequenceTable(Table):
         final = root / build_id
         try:
             (tmp / "sst").mkdir(parents=True)
+            extended = None
             if base is not None:
-                layers, stats = _extend_build(self, ice, snap, layout, backend, base, new_files, tmp, threads)
-            else:
-                layers, stats = _full_build(self, ice, snap, layout, backend, tmp, bucket_rows)
+                extended = _extend_build(self, ice, snap, layout, backend, base, new_files, tmp, threads)
+                if extended is None:  # e.g. a dictionary outgrew the fixed codec: start over
+                    base = None
+                    shutil.rmtree(tmp / "sst", ignore_errors=True)
+                    (tmp / "sst").mkdir()
+            layers, stats, codec_list = extended or _full_build(self, ice, snap, layout, backend, tmp, bucket_rows)
             backend.assemble(str(tmp / "db"), [[str(tmp / p) for p in layer] for layer in layers])
             sizes = [[os.path.getsize(tmp / p) for p in layer] for layer in layers]
             info = BuildInfo(
@@ -449,6 +504,9 @@ class SequenceTable(Table):
                 chunk_events=layout.chunk_events,
                 column_groups=[list(g) for g in layout.groups],
                 group_schemas=[_schema_b64(s) for s in layout.group_schemas],
+                group_codecs=[c.to_dict() for c in codec_list],
+                codec_mode=layout.codec_mode,
+                columns=[layout.time] + layout.attributes,
                 store=backend.describe(),
                 layers=layers,
                 bytes=sum(map(sum, sizes[len(base.layers):])) if base is not None else sum(map(sum, sizes)),
@@ -468,7 +526,7 @@ class SequenceTable(Table):
         info.path = str(final)
         return info
 
-    def _layout(self, ice, snap, chunk_events, column_groups, previous: list[BuildInfo]) -> _Layout:
+    def _layout(self, ice, snap, chunk_events, column_groups, previous: list[BuildInfo], codecs: str | None = None) -> _Layout:
         from featurelake.schema import arrow_schema
 
         schema_id = snap.schema_id if snap.schema_id is not None else ice.metadata.current_schema_id
@@ -477,16 +535,21 @@ class SequenceTable(Table):
         key, time, eid = self.key, self.time, self.event_id
         synthetic = self.synthetic_event_id
         attrs = [n for n in arrow.names if n not in (key, time) and not (synthetic and n == eid)]
-        if column_groups is None and chunk_events is None and previous:
+        if column_groups is None and chunk_events is None and codecs is None and previous:
             last = previous[-1]
             if sorted(c for g in last.column_groups for c in g) == sorted(attrs):
-                column_groups, chunk_events = last.column_groups, last.chunk_events
+                column_groups, chunk_events, codecs = last.column_groups, last.chunk_events, last.codec_mode
+        codecs = codecs or "auto"
+        if codecs not in ("auto", "ipc"):
+            raise FeatureLakeError(f"codecs must be 'auto' or 'ipc', not {codecs!r}")
         groups = _check_groups(column_groups, attrs, time)
         c = int(chunk_events or DEFAULT_CHUNK_EVENTS)
         if not 1 <= c <= 1 << 20:
             raise FeatureLakeError(f"chunk_events must be between 1 and 2**20, not {chunk_events}")
-        group_schemas = [pa.schema([arrow.field(time)] + [arrow.field(n) for n in g]) for g in groups]
-        return _Layout(key, time, eid, synthetic, arrow.field(key).type, arrow.field(time).type, c, groups, group_schemas)
+        group_schemas = [pa.schema(([arrow.field(time)] if i == 0 else []) + [arrow.field(n) for n in g])
+                         for i, g in enumerate(groups)]
+        return _Layout(key, time, eid, synthetic, arrow.field(key).type, arrow.field(time).type, c, groups,
+                       attrs, group_schemas, codecs)
 
     def _incremental_base(self, ice, snap, layout, backend, previous) -> tuple[BuildInfo | None, set[str] | None]:
         """The newest build this snapshot extends by appends only, and the data files added since."""
@@ -494,7 +557,7 @@ class SequenceTable(Table):
         target_files = None
         target_updates = self._update_files(ice, snap)
         for b in reversed(previous):
-            if b.layout() != want or len(b.layers) >= MAX_LAYERS:
+            if b.format != BUILD_FORMAT or b.layout() != want or len(b.layers) >= MAX_LAYERS:
                 continue
             base_snap = ice.metadata.snapshot_by_id(b.snapshot_id)
             if base_snap is None or self._update_files(ice, base_snap) != target_updates:
@@ -591,7 +654,8 @@ class SequenceTable(Table):
 
 def _layout_key(layout: _Layout, backend: StoreBackend) -> tuple:
     return (layout.key, layout.time, str(layout.key_type), str(layout.time_type), layout.chunk_events,
-            [list(g) for g in layout.groups], [_schema_b64(s) for s in layout.group_schemas], backend.describe())
+            [list(g) for g in layout.groups], [_schema_b64(s) for s in layout.group_schemas], backend.describe(),
+            layout.codec_mode)
 
 
 def _schema_b64(schema: pa.Schema) -> str:
@@ -631,9 +695,24 @@ def _int_times(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
     return arr.cast(pa.int64()).to_numpy(zero_copy_only=False)
 
 
+def _uniques(tbl: pa.Table, columns: Sequence[str], into: dict[str, set | None]) -> None:
+    """Add the distinct values of string ``columns`` to ``into`` (None once past DICT_MAX)."""
+    for col in columns:
+        seen = into.get(col, set())
+        if seen is None:
+            continue
+        seen.update(v for v in pc.unique(tbl.column(col)).to_pylist() if v is not None)
+        into[col] = seen if len(seen) <= DICT_MAX else None
+
+
+def _as_lists(uniques: dict[str, set | None]) -> dict[str, list[str] | None]:
+    return {k: (sorted(v) if v is not None else None) for k, v in uniques.items()}
+
+
 def _encode_sorted(
     tbl: pa.Table,
     layout: _Layout,
+    codecs: list,
     codec: KeyCodec,
     writer,
     prefix: dict | None = None,
@@ -650,10 +729,7 @@ def _encode_sorted(
     keys = codec.values(tbl.column(layout.key).combine_chunks())
     times = _int_times(tbl.column(layout.time))
     starts = np.concatenate([[0], np.flatnonzero(keys[1:] != keys[:-1]) + 1, [n]])
-    batches = []
-    for schema in layout.group_schemas:
-        part = tbl.select(schema.names).cast(schema).combine_chunks()
-        batches.append(part.to_batches()[0] if part.num_rows else None)
+    encoders = [cd.encoder(tbl.select(schema.names).cast(schema)) for cd, schema in zip(codecs, layout.group_schemas)]
     users = events = chunks = 0
     for i in range(len(starts) - 1):
         s, e = int(starts[i]), int(starts[i + 1])
@@ -670,8 +746,8 @@ def _encode_sorted(
             off = s + j * c
             ln = min(c, e - off)
             ck = p + b"\x01" + (k0 + j).to_bytes(4, "big")
-            for g, rb in enumerate(batches):
-                writer.put(ck + bytes([g]), rb.slice(off, ln).serialize().to_pybytes())
+            for g, enc in enumerate(encoders):
+                writer.put(ck + bytes([g]), enc(off, ln))
         users += 1
         events += k0 * c + (e - s)
         chunks += k0 + count
@@ -682,6 +758,10 @@ def _sort_events(tbl: pa.Table, layout: _Layout) -> pa.Table:
     return tbl.sort_by([(layout.key, "ascending"), (layout.time, "ascending"), (layout.event_id, "ascending")])
 
 
+def _dropped(layout: _Layout) -> list[str]:
+    return [layout.event_id] if layout.event_id not in layout.stored else []
+
+
 def _full_build(st: SequenceTable, ice, snap, layout: _Layout, backend: StoreBackend, tmp: Path, bucket_rows: int):
     """Sort the whole snapshot by (key, time) in key-range buckets; one sorted file per bucket."""
     codec = KeyCodec.for_type(layout.key_type)
@@ -689,20 +769,25 @@ def _full_build(st: SequenceTable, ice, snap, layout: _Layout, backend: StoreBac
     total_rows = sum(t.file.record_count for t in scan.tasks())
     totals = {"users": 0, "events": 0, "chunks": 0}
     files: list[str] = []
+    dict_cols = layout.dictionary_columns()
+    uniques: dict[str, set | None] = {}
 
-    def encode(tbl: pa.Table, index: int) -> None:
+    def encode(tbl: pa.Table, index: int, codecs: list) -> None:
         rel = f"sst/L000/part-{index:05d}.sst"
         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
         w = backend.writer(str(tmp / rel))
-        got = _encode_sorted(_sort_events(tbl, layout).drop_columns(_dropped(layout)), layout, codec, w)
+        got = _encode_sorted(_sort_events(tbl, layout).drop_columns(_dropped(layout)), layout, codecs, codec, w)
         if w.finish():
             files.append(rel)
         for k in totals:
             totals[k] += got[k]
 
     if total_rows <= bucket_rows:
-        encode(scan.to_table(), 0)
-        return [files], totals
+        tbl = scan.to_table()
+        _uniques(tbl, dict_cols, uniques)
+        codecs = layout.plan_codecs(_as_lists(uniques))
+        encode(tbl, 0, codecs)
+        return [files], totals, codecs
     bounds = _key_bounds(st, ice, snap, layout, codec, -(-total_rows // bucket_rows))
     spill_dir = tmp / "spill"
     spill_dir.mkdir()
@@ -711,6 +796,7 @@ def _full_build(st: SequenceTable, ice, snap, layout: _Layout, backend: StoreBac
         for batch in scan.to_batches():
             if not batch.num_rows:
                 continue
+            _uniques(pa.Table.from_batches([batch]), dict_cols, uniques)
             b = np.searchsorted(bounds, codec.values(batch.column(layout.key)), side="right")
             order = np.argsort(b, kind="stable")
             sb = b[order]
@@ -723,19 +809,16 @@ def _full_build(st: SequenceTable, ice, snap, layout: _Layout, backend: StoreBac
     finally:
         for w in writers.values():
             w.close()
+    codecs = layout.plan_codecs(_as_lists(uniques))
     for bucket in sorted(writers):
         path = spill_dir / f"{bucket:05d}.arrow"
         with pa.memory_map(str(path)) as src:
             tbl = ipc.open_file(src).read_all()
-        encode(tbl, bucket)
+        encode(tbl, bucket, codecs)
         del tbl
         path.unlink()
     shutil.rmtree(spill_dir, ignore_errors=True)
-    return [files], totals
-
-
-def _dropped(layout: _Layout) -> list[str]:
-    return [layout.event_id] if layout.event_id not in layout.stored else []
+    return [files], totals, codecs
 
 
 def _key_bounds(st, ice, snap, layout: _Layout, codec: KeyCodec, buckets: int) -> np.ndarray:
@@ -754,8 +837,32 @@ def _key_bounds(st, ice, snap, layout: _Layout, codec: KeyCodec, buckets: int) -
 
 def _extend_build(st: SequenceTable, ice, snap, layout: _Layout, backend: StoreBackend, base: BuildInfo,
                   new_files: set[str], tmp: Path, threads: int):
-    """Base layers (hard links) plus one new layer re-encoding the users with new events."""
+    """Base layers (hard links) plus one new layer re-encoding the users with new events.
+
+    Returns None when the new events do not fit the base's codecs (a
+    dictionary would grow past DICT_MAX): the caller builds from scratch.
+    """
     from featurelake.seqstore import _link_or_copy
+
+    codec = KeyCodec.for_type(layout.key_type)
+    codecs = base.codecs()
+    new = None
+    if new_files:
+        scan = st.scan(layout.scan_columns, snapshot_id=snap.snapshot_id, ice=ice)
+        parts = [b for t in scan.tasks() if t.file.file_path in new_files for b in scan.read_file(t)]
+        new = pa.Table.from_batches(parts, schema=scan.output_schema) if parts else None
+    if new is not None and new.num_rows:
+        uniques: dict[str, set | None] = {}
+        fixed = [cd for cd in codecs if isinstance(cd, FixedCodec)]
+        _uniques(new, [n for cd in fixed for n in cd.dictionaries], uniques)
+        grown = []
+        for cd in codecs:
+            if isinstance(cd, FixedCodec) and cd.dictionaries:
+                cd = cd.extended(_as_lists(uniques))
+                if cd is None:
+                    return None
+            grown.append(cd)
+        codecs = grown
 
     layers: list[list[str]] = []
     for li, layer in enumerate(base.layers):
@@ -767,15 +874,9 @@ def _extend_build(st: SequenceTable, ice, snap, layout: _Layout, backend: StoreB
             out.append(rel)
         layers.append(out)
     stats = {"users": base.users, "events": base.events, "chunks": base.chunks, "new_events": 0, "affected_users": 0}
-    if not new_files:
-        return layers, stats
-    codec = KeyCodec.for_type(layout.key_type)
-    scan = st.scan(layout.scan_columns, snapshot_id=snap.snapshot_id, ice=ice)
-    parts = [b for t in scan.tasks() if t.file.file_path in new_files for b in scan.read_file(t)]
-    new = pa.Table.from_batches(parts, schema=scan.output_schema) if parts else scan.output_schema.empty_table()
+    if new is None or not new.num_rows:
+        return layers, stats, codecs
     new = _sort_events(new, layout).drop_columns(_dropped(layout))
-    if not new.num_rows:
-        return layers, stats
     store = SequenceStore(base)
     c = layout.chunk_events
     key_vals = codec.values(new.column(layout.key).combine_chunks())
@@ -783,7 +884,9 @@ def _extend_build(st: SequenceTable, ice, snap, layout: _Layout, backend: StoreB
     users, first = np.unique(key_vals, return_index=True)   # first row of each user = its earliest new event
     heads = store.multi_get(codec.head_keys(users), threads)
     prefix: dict = {}
-    pair_users, pair_chunks = [], []
+    pair_users: list = []
+    pair_chunks: list[int] = []
+    pair_counts: list[int] = []
     old_users = old_events = old_chunks = 0
     for u, h, f in zip(users, heads, first):
         if h is None:
@@ -793,35 +896,42 @@ def _extend_build(st: SequenceTable, ice, snap, layout: _Layout, backend: StoreB
         k0 = max(0, int(np.searchsorted(ft, times[f], side="right")) - 1)
         uk = u if codec.kind == "string" else int(u)
         prefix[uk] = (k0, ft[:k0].copy())
-        pair_users.extend([u] * (len(ft) - k0))
-        pair_chunks.extend(range(k0, len(ft)))
+        for k in range(k0, len(ft)):
+            pair_users.append(u)
+            pair_chunks.append(k)
+            pair_counts.append(min(c, n_old - k * c))
         old_users += 1
         old_events += n_old
         old_chunks += len(ft)
     merged = new
     if pair_users:
         pu = np.asarray(pair_users, dtype=users.dtype)
-        old = store.fetch_chunks(pu, np.asarray(pair_chunks, dtype=np.int64), list(range(len(layout.groups))), threads)
-        counts = np.asarray([b.num_rows for b in old[0]], dtype=np.int64)
+        counts = np.asarray(pair_counts, dtype=np.int64)
+        groups = list(range(len(layout.groups)))
+        values = store.multi_get(codec.chunk_keys(pu, np.asarray(pair_chunks, dtype=np.int64), groups), threads)
+        if any(v is None for v in values):
+            raise CorruptFileError(f"build {base.build_id} lacks chunks its heads list", base.db_dir)
+        ng = len(groups)
         cols = {}
-        for g, schema in enumerate(layout.group_schemas):
-            table = pa.Table.from_batches(old[g], schema=schema)
-            for name in schema.names:
-                if g == 0 or name != layout.time:
-                    cols[name] = table.column(name)
-        key_arr = pa.array(np.repeat(pu, counts), type=layout.key_type) if codec.kind == "int" else pa.array(list(np.repeat(pu, counts)), type=layout.key_type)
+        for g, cd in enumerate(store.codecs):
+            table = cd.decode(values[g::ng], counts, c)
+            for name in table.column_names:
+                cols[name] = table.column(name)
+        keys_rep = np.repeat(pu, counts)
+        key_arr = pa.array(keys_rep if codec.kind == "int" else list(keys_rep), type=layout.key_type)
         old_tbl = pa.table({layout.key: key_arr, **cols}).select(new.column_names).cast(new.schema)
-        tie = "__featurelake_src"
-        pos = "__featurelake_pos"
-        old_tbl = old_tbl.append_column(tie, pa.array(np.zeros(old_tbl.num_rows, np.int8))).append_column(pos, pa.array(np.arange(old_tbl.num_rows)))
-        new_t = new.append_column(tie, pa.array(np.ones(new.num_rows, np.int8))).append_column(pos, pa.array(np.arange(new.num_rows)))
+        tie, pos = "__featurelake_src", "__featurelake_pos"
+        old_tbl = old_tbl.append_column(tie, pa.array(np.zeros(old_tbl.num_rows, np.int8))).append_column(
+            pos, pa.array(np.arange(old_tbl.num_rows)))
+        new_t = new.append_column(tie, pa.array(np.ones(new.num_rows, np.int8))).append_column(
+            pos, pa.array(np.arange(new.num_rows)))
         merged = pa.concat_tables([old_tbl, new_t]).sort_by(
             [(layout.key, "ascending"), (layout.time, "ascending"), (tie, "ascending"), (pos, "ascending")]
         ).drop_columns([tie, pos])
     rel = f"sst/L{len(layers):03d}/delta-00000.sst"
     (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
     w = backend.writer(str(tmp / rel))
-    got = _encode_sorted(merged, layout, codec, w, prefix)
+    got = _encode_sorted(merged, layout, codecs, codec, w, prefix)
     if w.finish():
         layers.append([rel])
     stats["users"] = base.users - old_users + got["users"]
@@ -829,7 +939,7 @@ def _extend_build(st: SequenceTable, ice, snap, layout: _Layout, backend: StoreB
     stats["chunks"] = base.chunks - old_chunks + got["chunks"]
     stats["new_events"] = new.num_rows
     stats["affected_users"] = len(users)
-    return layers, stats
+    return layers, stats, codecs
 
 
 # ================================================================== reading
@@ -837,12 +947,17 @@ class SequenceStore:
     """One build opened for reading: heads, chunk selection, parallel fetch, assembly."""
 
     def __init__(self, info: BuildInfo) -> None:
+        if info.format != BUILD_FORMAT:
+            raise SequenceBuildError(
+                f"build {info.build_id} has store format {info.format}; this featurelake reads format {BUILD_FORMAT}: rebuild"
+            )
         self.info = info
         self.backend = backend_from_dict(info.store)
         if not Path(info.db_dir).exists():
             raise CorruptFileError(f"sequence store {info.db_dir} of build {info.build_id} is missing", info.db_dir)
         self.reader = READERS.get(info.db_dir, self.backend)
         self.schemas = info.schemas()
+        self.codecs = info.codecs()
         self.time = info.time
         self.time_type = self.schemas[0].field(info.time).type
         self.key_type = _parse_type(info.key_type)
@@ -852,8 +967,9 @@ class SequenceStore:
         for g, cols in enumerate(info.column_groups):
             for col in cols:
                 self.group_of[col] = g
-        self.columns = [info.time] + [c for g in info.column_groups for c in g]
+        self.columns = list(info.columns) or [info.time] + [c for g in info.column_groups for c in g]
         self.last_stats: dict[str, int] = {}
+        self.recorder: list[list[bytes]] | None = None  # set to a list to keep every key fetched (benchmarks)
 
     # ------------------------------------------------------------- plumbing
     def check_columns(self, columns: Sequence[str] | None) -> list[str]:
@@ -877,49 +993,69 @@ class SequenceStore:
         return self.schemas[self.group_of[col]].field(col)
 
     def multi_get(self, keys: list[bytes], threads: int = 1, batch: int = DEFAULT_BATCH_KEYS) -> list[bytes | None]:
+        """Raw batched point reads, split into calls of ``batch`` keys over ``threads`` threads."""
+        if self.recorder is not None:
+            self.recorder.append(keys)
         if threads <= 1 or len(keys) <= batch:
             return self.reader.multi_get(keys)
         parts = [keys[i : i + batch] for i in range(0, len(keys), batch)]
         return list(chain.from_iterable(_pool(threads).map(self.reader.multi_get, parts)))
 
-    def fetch_chunks(self, users: np.ndarray, chunks: np.ndarray, groups: list[int], threads: int,
-                     batch: int = DEFAULT_BATCH_KEYS, stats: dict | None = None) -> list[list[pa.RecordBatch]]:
-        """Decoded chunks of (user, chunk) pairs per group, in pair order; fetched and decoded in parallel."""
+    def _fetch(self, users: np.ndarray, chunks: np.ndarray, names: dict[int, list[str]], threads: int,
+               batch: int, stats: dict) -> dict[int, Any]:
+        """Chunks of (user, chunk) pairs for the groups in ``names``, fetched and decoded in parallel.
+
+        Per group: fixed codec -> {column: (values, validity)} with
+        ``chunk_events`` slots per pair; IPC codec -> a Table of the pairs'
+        events back to back.
+        """
+        groups = sorted(names)
         keys = self.codec.chunk_keys(users, chunks, groups)
-        schemas = [self.schemas[g] for g in groups]
+        if self.recorder is not None:
+            self.recorder.append(keys)
         ng = len(groups)
         per = max(ng, (batch // ng) * ng)
 
-        def work(lo: int) -> tuple[list[list[pa.RecordBatch]], int]:
+        def work(lo: int) -> tuple[list[Any], int]:
             vals = self.reader.multi_get(keys[lo : lo + per])
-            out: list[list[pa.RecordBatch]] = [[] for _ in groups]
-            size = 0
-            for i, v in enumerate(vals):
-                if v is None:
-                    raise CorruptFileError(
-                        f"sequence store {self.info.db_dir} lacks a chunk its head lists (build {self.info.build_id})",
-                        self.info.db_dir,
-                    )
-                size += len(v)
-                out[i % ng].append(ipc.read_record_batch(pa.py_buffer(v), schemas[i % ng]))
-            return out, size
+            if any(v is None for v in vals):
+                raise CorruptFileError(
+                    f"sequence store {self.info.db_dir} lacks a chunk its head lists (build {self.info.build_id})",
+                    self.info.db_dir,
+                )
+            out = []
+            for gi, g in enumerate(groups):
+                cd = self.codecs[g]
+                part = vals[gi::ng]
+                out.append(cd.decode_padded(part, names[g]) if isinstance(cd, FixedCodec) else cd.decode(part, None, 0))
+            return out, sum(map(len, vals))
 
         starts = range(0, len(keys), per)
-        results = list(_pool(threads).map(work, starts)) if threads > 1 and len(keys) > per else [work(s) for s in starts]
-        merged: list[list[pa.RecordBatch]] = [[] for _ in groups]
-        fetched = 0
-        for out, size in results:
-            fetched += size
-            for g in range(ng):
-                merged[g].extend(out[g])
-        if stats is not None:
-            stats["chunk_bytes"] += fetched
-            stats["chunk_values"] += len(keys)
+        if threads > 1 and len(keys) > per:
+            results = list(_pool(threads).map(work, starts))
+        else:
+            results = [work(s) for s in starts]
+        merged: dict[int, Any] = {}
+        for gi, g in enumerate(groups):
+            parts = [r[0][gi] for r in results]
+            if len(parts) == 1:
+                merged[g] = parts[0]
+            elif isinstance(self.codecs[g], FixedCodec):
+                merged[g] = {
+                    n: (np.concatenate([p[n][0] for p in parts]),
+                        None if parts[0][n][1] is None else np.concatenate([p[n][1] for p in parts]))
+                    for n in names[g]
+                }
+            else:
+                merged[g] = pa.concat_tables(parts)
+        stats["chunk_bytes"] += sum(r[1] for r in results)
+        stats["chunk_values"] += len(keys)
         return merged
 
     # --------------------------------------------------------------- lookup
     def lookup(self, keys: pa.Array, before: Any, columns: Sequence[str] | None, max_len: int | None, window: Any,
                threads: int = DEFAULT_THREADS, batch_keys: int = DEFAULT_BATCH_KEYS) -> pa.ListArray:
+        """See :meth:`SequenceTable.lookup`; ``keys`` must already have the key's Arrow type family."""
         columns = self.check_columns(columns)
         if max_len is not None and (isinstance(max_len, bool) or int(max_len) < 0):
             raise FeatureLakeError(f"max_len must be a non-negative int or None, not {max_len!r}")
@@ -935,26 +1071,39 @@ class SequenceStore:
         rows = np.flatnonzero(valid)
         lo = np.zeros(n, np.int64)
         hi = np.zeros(n, np.int64)
-        pool_cols: dict[str, pa.Array] = {}
+        delta = np.zeros(n, np.int64)
+        fetched: dict[int, Any] = {}
         if len(rows):
-            lo_r, hi_r, pool_cols = self._select(keys, rows, b, w, max_len, columns, threads, batch_keys, stats)
-            lo[rows], hi[rows] = lo_r, hi_r
+            lo[rows], hi[rows], delta[rows], fetched = self._select(keys, rows, b, w, max_len, columns, threads,
+                                                                    batch_keys, stats)
         lengths = hi - lo
         total = int(lengths.sum())
         if total >= 1 << 31:
             raise FeatureLakeError("a lookup returned more than 2**31 events: use smaller batches or max_len")
         offsets = np.zeros(n + 1, np.int32)
         np.cumsum(lengths, out=offsets[1:])
-        idx = pa.array(np.repeat(lo - offsets[:-1], lengths) + np.arange(total, dtype=np.int64))
+        idx = np.repeat(lo - offsets[:-1], lengths) + np.arange(total, dtype=np.int64)
+        padded = None
+        arrays = []
         fields = [self._field(c) for c in columns]
-        arrays = [pool_cols[c].take(idx) if c in pool_cols else pa.nulls(0, f.type) for c, f in zip(columns, fields)]
-        struct = pa.StructArray.from_arrays(arrays, fields=fields) if fields else pa.array([{}] * total, pa.struct([]))
+        for col, f in zip(columns, fields):
+            g = self.group_of[col]
+            if not total:
+                arrays.append(pa.nulls(0, f.type))
+            elif isinstance(self.codecs[g], FixedCodec):
+                if padded is None:
+                    padded = idx + np.repeat(delta, lengths)
+                vals, ok = fetched[g][col]
+                arrays.append(self.codecs[g].to_arrow(col, vals[padded], None if ok is None else ok[padded]))
+            else:
+                arrays.append(fetched[g].column(col).take(pa.array(idx)).combine_chunks())
+        struct = pa.StructArray.from_arrays(arrays, fields=fields)
         stats["events"] = total
         self.last_stats = stats
         return pa.ListArray.from_arrays(pa.array(offsets), struct, type=self.output_type(columns))
 
     def _select(self, keys, rows, b, w, max_len, columns, threads, batch_keys, stats):
-        """Per valid row: [lo, hi) into the pool of fetched events; and the pool columns."""
+        """Per valid row: [lo, hi) into the pairs' events back to back, the offset of fixed-codec slots, and the data."""
         c = self.chunk_events
         kv = self.codec.values(keys.take(pa.array(rows)))
         users, inv = np.unique(kv, return_inverse=True)
@@ -968,6 +1117,8 @@ class SequenceStore:
         np.cumsum(lens, out=hstart[1:])
         present = lens > 0
         n_chunks = np.where(present, lens - 2, 0)
+        n_events = np.zeros(len(users), np.int64)
+        n_events[present] = buf[hstart[:-1][present]]
         ft_start = np.zeros(len(users) + 1, np.int64)
         np.cumsum(n_chunks, out=ft_start[1:])
         if len(buf):
@@ -978,6 +1129,8 @@ class SequenceStore:
         else:
             ft_pool = np.empty(0, np.int64)
 
+        # which chunks each row needs: up to the last chunk starting before `before`,
+        # back far enough for max_len events, not before the window
         br = b[rows] if b is not None else None
         if br is None:
             c_hi = n_chunks[inv] - 1
@@ -994,38 +1147,40 @@ class SequenceStore:
         need = np.flatnonzero(m)
         lo = np.zeros(len(rows), np.int64)
         hi = np.zeros(len(rows), np.int64)
+        delta = np.zeros(len(rows), np.int64)
         if not len(need):
-            return lo, hi, {}
+            return lo, hi, delta, {}
+
+        # the unique (user, chunk) pairs of the batch, in (user, chunk) order
         mn = m[need]
         rep = np.repeat(need, mn)
         step = np.arange(len(rep)) - np.repeat(np.cumsum(mn) - mn, mn)
         codes = np.unique(inv[rep].astype(np.int64) * (1 << 32) + c_lo[rep] + step)
         pair_user = codes >> 32
         pair_chunk = codes & 0xFFFFFFFF
-        # time is stored in every group: fetch only the groups of the other columns
-        groups = sorted({self.group_of[col] for col in columns if col != self.time}) or [0]
-        fetched = self.fetch_chunks(users[pair_user], pair_chunk, groups, threads, batch_keys, stats)
-        counts = np.fromiter((x.num_rows for x in fetched[0]), np.int64, len(fetched[0]))
+        counts = np.minimum(c, n_events[pair_user] - pair_chunk * c)
         pool_off = np.zeros(len(codes) + 1, np.int64)
         np.cumsum(counts, out=pool_off[1:])
-        pool_cols: dict[str, pa.Array] = {}
-        time_pool = None
-        for gi, g in enumerate(groups):
-            tbl = pa.Table.from_batches(fetched[gi], schema=self.schemas[g])
-            for col in tbl.column_names:
-                if col in columns and col not in pool_cols:
-                    pool_cols[col] = tbl.column(col).combine_chunks()
-            if time_pool is None:
-                time_pool = tbl.column(self.time)
+
+        need_time = br is not None
+        names: dict[int, list[str]] = {}
+        for col in columns:
+            names.setdefault(self.group_of[col], []).append(col)
+        if need_time and self.time not in names.setdefault(0, []):
+            names[0].append(self.time)
+        fetched = self._fetch(users[pair_user], pair_chunk, names, threads, batch_keys, stats)
+
         p_lo = np.searchsorted(codes, inv[need].astype(np.int64) * (1 << 32) + c_lo[need])
         s = pool_off[p_lo]
         e = pool_off[p_lo + mn]
-        if br is None:
-            h = e
-        else:
-            tp = _int_times(time_pool)
-            run_first = np.searchsorted(pair_user, np.arange(len(users) + 1))
-            run_start = pool_off[run_first]
+        h = e
+        if need_time:
+            if isinstance(self.codecs[0], FixedCodec):
+                slots = fetched[0][self.time][0].reshape(-1, c)
+                tp = slots[np.arange(c)[None, :] < counts[:, None]]
+            else:
+                tp = _int_times(fetched[0].column(self.time))
+            run_start = pool_off[np.searchsorted(pair_user, np.arange(len(users) + 1))]
             h = np.clip(_seg_search(tp, run_start, inv[need], br[need]), s, e)
         low = s.copy()
         if max_len is not None:
@@ -1034,7 +1189,9 @@ class SequenceStore:
             low = np.maximum(low, np.clip(_seg_search(tp, run_start, inv[need], br[need] - w), s, e))
         lo[need] = np.minimum(low, h)
         hi[need] = h
-        return lo, hi, pool_cols
+        # fixed-codec slots: a row's pairs are whole chunks except maybe the last, so one offset maps them
+        delta[need] = p_lo * c - pool_off[p_lo]
+        return lo, hi, delta, fetched
 
 
 def _seg_search(pool: np.ndarray, run_start: np.ndarray, q_run: np.ndarray, q: np.ndarray) -> np.ndarray:

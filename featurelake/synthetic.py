@@ -379,6 +379,8 @@ def user_events(
     nested: bool = True,
     first_user: int = 0,
     item_skew: float = ITEM_SKEW,
+    repeat_rate: float = 0.0,
+    favorites: int = 32,
 ) -> Iterator[pa.RecordBatch]:
     """Stream exactly ``events_per_user`` events for each of ``users`` users, in time order.
 
@@ -387,17 +389,29 @@ def user_events(
     user, uniform times within a day); within a day the stream is sorted by
     ``ts`` with users interleaved, as an event log arrives. ``item_id`` is
     power-law popular (``item_skew``), ``event_type`` mostly views, ``dwell``
-    exponential (mean 20 s). Memory holds one day of events at a time; the
-    same arguments always give the same events, whatever ``batch_size``.
+    exponential (mean 20 s). With ``repeat_rate`` > 0 that share of a user's
+    events revisits one of the user's ``favorites`` items (repeat consumption,
+    as in real logs), so a user's events resemble each other. Memory holds one
+    day of events at a time; the same arguments always give the same events,
+    whatever ``batch_size``.
     """
     for name, value, minimum in (("users", users, 1), ("events_per_user", events_per_user, 0), ("days", days, 1),
                                  ("items", items, 1), ("seed", seed, 0), ("batch_size", batch_size, 1),
                                  ("first_user", first_user, 0)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
             raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    if not 0.0 <= float(repeat_rate) <= 1.0:
+        raise ValueError(f"repeat_rate must be within [0, 1], got {repeat_rate!r}")
+    if isinstance(favorites, bool) or not isinstance(favorites, (int, np.integer)) or favorites < 1:
+        raise ValueError(f"favorites must be an int >= 1, got {favorites!r}")
     if isinstance(start, _dt.datetime):
         start = start.date()
     schema = user_events_schema(nested)
+    fav = (
+        _ids(np.random.default_rng([seed, 0xFA, first_user, users]), int(users) * int(favorites), int(items),
+             float(item_skew), int(seed), 2).reshape(int(users), int(favorites))
+        if repeat_rate > 0 else None
+    )
     counts = np.random.default_rng([seed, 0xC0, users, events_per_user, days]).multinomial(
         int(events_per_user), [1.0 / days] * int(days), size=int(users)
     )
@@ -416,6 +430,10 @@ def user_events(
             ts = rng.integers(0, _US_PER_DAY, size=n, dtype=np.int64) + day0 + d * _US_PER_DAY
             order = np.argsort(ts, kind="stable")
             item = _ids(rng, n, int(items), float(item_skew), int(seed), 2)
+            if fav is not None:
+                again = rng.random(n) < repeat_rate
+                pick = rng.integers(0, int(favorites), size=n)
+                item = np.where(again, fav[uid - first_user, pick], item)
             etype = rng.choice(len(EVENT_TYPES), size=n, p=EVENT_TYPE_P).astype(np.int8)
             dwell = rng.exponential(20.0, size=n).astype(np.float32)
             arrays = [

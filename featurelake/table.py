@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, Not
-from pyiceberg.io.pyarrow import _dataframe_to_data_files
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
@@ -26,7 +25,7 @@ from featurelake import index
 from featurelake.index import read_key_columns
 from featurelake.keys import check_keys, find, found_keys
 from featurelake.merge import snapshot_files
-from featurelake.rewrite import Removal, plan_removal
+from featurelake.rewrite import Removal, plan_removal, write_data_files
 from featurelake.read import DEFAULT_BATCH, Scan, parse_filter
 from featurelake.schema import arrow_schema, conform, to_table
 from featurelake.schema import LOCATOR_FILE
@@ -122,6 +121,7 @@ class Table:
             max_bad_file_ratio=max_bad_file_ratio,
             batch_size=batch_size,
             include_hidden=include_hidden,
+            ice=ice,
         )
 
     def read(
@@ -179,9 +179,6 @@ class Table:
         return stream
 
     # --------------------------------------------------------------- writing
-    def _write_files(self, ice: IcebergTable, data: pa.Table, write_uuid: uuid.UUID, counter) -> list:
-        return list(_dataframe_to_data_files(ice.metadata, data, ice.io, write_uuid=write_uuid, counter=counter))
-
     def _prepare(self, data: Any, ice: IcebergTable) -> Iterator[pa.Table]:
         """Input chunks, each conformed to the table schema and free of null or repeated keys."""
         target = arrow_schema(ice.schema())
@@ -223,7 +220,7 @@ class Table:
                 for chunk in self._prepare(data, ice):
                     key_parts.append(chunk.select(keys))
                     rows += chunk.num_rows
-                    files.extend(self._write_files(ice, chunk, write_uuid, counter))
+                    files.extend(write_data_files(ice, chunk, write_uuid, counter))
             all_keys = pa.concat_tables(key_parts) if key_parts else None
             if len(key_parts) > 1:
                 check_keys(all_keys, keys)

@@ -17,8 +17,6 @@ later commit's values win, neither is lost, no key is duplicated.
 """
 from __future__ import annotations
 
-import itertools
-import uuid
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -30,6 +28,7 @@ from featurelake.commit import optimistic
 from featurelake.errors import SchemaMismatchError
 from featurelake.keys import ROW, check_keys, find
 from featurelake.merge import snapshot_files
+from featurelake.rewrite import write_data_files
 from featurelake.schema import RESERVED_PREFIX, arrow_schema, conform, to_table
 from featurelake.state import STATE_KEY, StateWriter
 from featurelake.updates import UpdateReport, _check_types, add_columns, located_rows, stage_update_files
@@ -88,11 +87,7 @@ def upsert(table: "Table", data: Any, branch: str = refs.MAIN) -> UpdateReport:
         data_files = []
         if inserts.num_rows:
             rows = conform(inserts, arrow_schema(new_schema))
-            from pyiceberg.io.pyarrow import _dataframe_to_data_files
-
-            data_files = list(
-                _dataframe_to_data_files(tx.table_metadata, rows, ice.io, write_uuid=uuid.uuid4(), counter=itertools.count(0))
-            )
+            data_files = write_data_files(ice, rows, metadata=tx.table_metadata)
             written.extend(f.file_path for f in data_files)
             for f in data_files:
                 producer.append_data_file(f)
