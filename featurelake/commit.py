@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import random
 import time
-from typing import Callable, TypeVar
+from contextlib import contextmanager
+from typing import Callable, Iterable, Iterator, TypeVar
 
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table as IcebergTable
@@ -61,3 +62,26 @@ def optimistic(load: Callable[[], IcebergTable], attempt: Callable[[IcebergTable
         log.info("%s: concurrent commit (%s), retrying in %.2fs", what, reason, wait)
         time.sleep(wait)
     raise CommitConflictError(f"{what}: gave up after {attempts} attempts against concurrent writers")
+
+
+def delete_quietly(ice: IcebergTable, paths: Iterable[str]) -> None:
+    """Best-effort removal of files no commit references (garbage collection gets any left)."""
+    for path in paths:
+        try:
+            ice.io.delete(path)
+        except Exception:  # noqa: BLE001 - unreferenced either way
+            pass
+
+
+@contextmanager
+def cleanup_on_failure(ice: IcebergTable, written: list[str], landed: Callable[[], bool]) -> Iterator[None]:
+    """Delete the files in ``written`` if the block fails before its commit ``landed``.
+
+    Files of a commit whose outcome is known to have landed are never touched.
+    """
+    try:
+        yield
+    except BaseException:
+        if not landed():
+            delete_quietly(ice, written)
+        raise

@@ -49,6 +49,25 @@ def _state_provider(meta, snapshot) -> int | None:
     return None
 
 
+def retained_snapshot_ids(meta, cutoff_ms: int, retain_last: int) -> set[int]:
+    """The snapshots expiry keeps: ref heads, the last ``retain_last`` of each branch,
+    those newer than the cutoff, and those carrying state a kept one inherits."""
+    keep: set[int] = set()
+    for ref in meta.refs.values():
+        head = meta.snapshot_by_id(ref.snapshot_id)
+        for i, snap in enumerate(refs.ancestors(meta, head)):
+            if i < retain_last or snap.timestamp_ms >= cutoff_ms:
+                keep.add(snap.snapshot_id)
+            else:
+                break
+    keep.update(s.snapshot_id for s in meta.snapshots if s.timestamp_ms >= cutoff_ms)
+    for sid in list(keep):
+        provider = _state_provider(meta, meta.snapshot_by_id(sid))
+        if provider is not None:
+            keep.add(provider)
+    return keep
+
+
 def expire_snapshots(table: "Table", older_than: datetime, retain_last: int = 1) -> list[int]:
     """Expire snapshots older than ``older_than``; returns the expired ids.
 
@@ -64,21 +83,7 @@ def expire_snapshots(table: "Table", older_than: datetime, retain_last: int = 1)
 
     def attempt(ice: IcebergTable) -> list[int]:
         meta = ice.metadata
-        keep: set[int] = set()
-        for name, ref in meta.refs.items():
-            head = meta.snapshot_by_id(ref.snapshot_id)
-            for i, snap in enumerate(refs.ancestors(meta, head)):
-                if i < retain_last or snap.timestamp_ms >= cutoff_ms:
-                    keep.add(snap.snapshot_id)
-                else:
-                    break
-        for snap in meta.snapshots:
-            if snap.timestamp_ms >= cutoff_ms:
-                keep.add(snap.snapshot_id)
-        for sid in list(keep):
-            provider = _state_provider(meta, meta.snapshot_by_id(sid))
-            if provider is not None:
-                keep.add(provider)
+        keep = retained_snapshot_ids(meta, cutoff_ms, retain_last)
         expired = [s.snapshot_id for s in meta.snapshots if s.snapshot_id not in keep]
         if expired:
             ice.maintenance.expire_snapshots().by_ids(expired).commit()
@@ -130,6 +135,22 @@ def _list(location: str) -> Iterable[pafs.FileInfo]:
     return [(fs, i) for i in infos if i.type == pafs.FileType.File]
 
 
+def unreferenced_files(table: "Table", ice, cutoff: float) -> tuple[list, int]:
+    """Files under the table's location no retained snapshot needs, modified before
+    ``cutoff`` (epoch seconds): ([(filesystem, file info)], count of younger ones)."""
+    keep = {_normalize(p) for p in referenced_files(table, ice)}
+    garbage, young = [], 0
+    for fs, info in _list(ice.location()):
+        path = _normalize(info.path)
+        if path in keep or path.endswith(".db"):
+            continue
+        if (info.mtime.timestamp() if info.mtime else 0) > cutoff:
+            young += 1
+            continue
+        garbage.append((fs, info))
+    return garbage, young
+
+
 def collect_garbage(lake: "Lake", older_than: timedelta = timedelta(days=3), dry_run: bool = False) -> GarbageReport:
     """Delete files no retained snapshot of any ref references, older than the grace period."""
     t0 = time.perf_counter()
@@ -138,16 +159,10 @@ def collect_garbage(lake: "Lake", older_than: timedelta = timedelta(days=3), dry
     for name in lake.tables():
         table = lake.table(name)
         ice = table.refresh()
-        keep = {_normalize(p) for p in referenced_files(table, ice)}
+        garbage, young = unreferenced_files(table, ice, cutoff)
+        report.kept_young += young
         counts = {"files": 0, "bytes": 0}
-        for fs, info in _list(ice.location()):
-            path = _normalize(info.path)
-            if path in keep or path.endswith(".db"):
-                continue
-            mtime = info.mtime.timestamp() if info.mtime else 0
-            if mtime > cutoff:
-                report.kept_young += 1
-                continue
+        for fs, info in garbage:
             report.files.append(info.path)
             report.bytes += info.size or 0
             counts["files"] += 1

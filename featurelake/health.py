@@ -357,7 +357,7 @@ def maintenance_forecast(
     nothing, because every old snapshot still references its files; this
     answers "how much does expiry plus GC give back".
     """
-    from featurelake.gc import _list, _normalize, _state_provider, referenced_files
+    from featurelake.gc import retained_snapshot_ids, unreferenced_files
 
     t0 = time.perf_counter()
     cutoff = older_than if older_than.tzinfo else older_than.replace(tzinfo=timezone.utc)
@@ -368,33 +368,12 @@ def maintenance_forecast(
         table = lake.table(name)
         ice = table._ice
         meta = ice.metadata
-        keep: set[int] = set()
-        for ref in meta.refs.values():
-            head = meta.snapshot_by_id(ref.snapshot_id)
-            for i, snap in enumerate(refs.ancestors(meta, head)):
-                if i < retain_last or snap.timestamp_ms >= cutoff_ms:
-                    keep.add(snap.snapshot_id)
-                else:
-                    break
-        keep.update(s.snapshot_id for s in meta.snapshots if s.timestamp_ms >= cutoff_ms)
-        for sid in list(keep):
-            provider = _state_provider(meta, meta.snapshot_by_id(sid))
-            if provider is not None:
-                keep.add(provider)
+        keep = retained_snapshot_ids(meta, cutoff_ms, retain_last)
         expired = [s for s in meta.snapshots if s.snapshot_id not in keep]
         simulated = _MetadataView(ice, meta.model_copy(update={"snapshots": [s for s in meta.snapshots if s.snapshot_id in keep]}))
-        needed = {_normalize(p) for p in referenced_files(table, simulated)}  # type: ignore[arg-type]
-        files = size = young = 0
-        for _fs, info in _list(ice.location()):
-            path = _normalize(info.path)
-            if path in needed or path.endswith(".db"):
-                continue
-            mtime = info.mtime.timestamp() if info.mtime else 0
-            if mtime > now - grace.total_seconds():
-                young += 1
-                continue
-            files += 1
-            size += info.size or 0
+        garbage, young = unreferenced_files(table, simulated, now - grace.total_seconds())  # type: ignore[arg-type]
+        files = len(garbage)
+        size = sum(info.size or 0 for _fs, info in garbage)
         report["tables"][name] = {"snapshots": len(expired), "files": files, "bytes": size, "kept_young": young}
         report["snapshots"] += len(expired)
         report["files"] += files

@@ -21,7 +21,7 @@ from pyiceberg.table import FileScanTask
 from pyiceberg.table import Table as IcebergTable
 
 from featurelake import index, refs
-from featurelake.commit import optimistic
+from featurelake.commit import cleanup_on_failure, delete_quietly, optimistic
 from featurelake.errors import CorruptFileError
 from featurelake.rewrite import merged_rows, rewrite_scan, write_data_files
 from featurelake.state import STATE_KEY, StateWriter
@@ -84,7 +84,7 @@ def compact(
     the new head (a concurrent append is never lost); rewritten bins whose
     inputs did not change are reused, not rewritten again.
     """
-    from featurelake.table import SMALL_FILE_BYTES, _delete_quietly
+    from featurelake.table import SMALL_FILE_BYTES
 
     t0 = time.perf_counter()
     report = CompactionReport(table=table.name, branch=branch)
@@ -184,13 +184,9 @@ def compact(
         report.bad_files = sorted(bad)
         return report
 
-    try:
+    with cleanup_on_failure(table._ice, written, landed=lambda: report.snapshot_id is not None):
         optimistic(table.refresh, attempt, f"compact {table.name}@{branch}")
-    except BaseException:
-        if report.snapshot_id is None:
-            _delete_quietly(table._ice, written)
-        raise
     report.seconds = time.perf_counter() - t0
     # Bins rewritten for an attempt that lost a race and were not reused are garbage now.
-    _delete_quietly(table._ice, [p for p in written if p not in committed])
+    delete_quietly(table._ice, [p for p in written if p not in committed])
     return report

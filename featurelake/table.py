@@ -19,7 +19,7 @@ from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
 from featurelake import refs
-from featurelake.commit import optimistic
+from featurelake.commit import cleanup_on_failure, optimistic
 from featurelake.errors import DuplicateKeyError, FeatureLakeError, SchemaMismatchError
 from featurelake import index
 from featurelake.index import read_key_columns
@@ -213,51 +213,53 @@ class Table:
         keys = self.primary_key
         write_uuid, counter = uuid.uuid4(), itertools.count(0)
         files: list = []
+        written: list[str] = []  # every file this call wrote, for cleanup if it never lands
+        landed: list[int | None] = []
         key_parts: list[pa.Table] = []
-        rows = 0
-        try:
+
+        def attempt(ice: IcebergTable) -> int | None:
+            head = refs.branch_head(ice.metadata, branch)
+            state = self._state(ice, head)
+            writer = StateWriter(state, ice.io, self._platform_dir(ice))
+            removal = Removal()
+            if replace_filter is not None and head is not None:
+                removal = plan_removal(self, ice, head, replace_filter, write_uuid, counter, writer)
+                written.extend(f.file_path for f in removal.added)
+            if all_keys is not None and all_keys.num_rows and head is not None:
+                self._refuse_existing(ice, head, all_keys, removal)
+            if not files and removal.empty:
+                return head.snapshot_id if head else None
+            added = [f.file_path for f in files + removal.added]
+            live_after = (set(snapshot_files(ice, head)) - {f.file_path for f in removal.removed}) | set(added)
+            index.extend(ice, writer, added, keys, live_after)
+            props = self._state_props(ice, head, writer.write() if writer.changed else state.root_path)
+            props["featurelake.operation"] = "append" if replace_filter is None else ("overwrite" if files else "delete")
+            tx = ice.transaction()
+            if removal.empty:
+                with tx.update_snapshot(snapshot_properties=props, branch=branch).fast_append() as op:
+                    for f in files:
+                        op.append_data_file(f)
+            else:
+                with tx.update_snapshot(snapshot_properties=props, branch=branch).overwrite() as op:
+                    for f in removal.removed:
+                        op.delete_data_file(f)
+                    for f in removal.added + files:
+                        op.append_data_file(f)
+            snapshot_id = tx.commit_transaction().metadata.refs[branch].snapshot_id
+            landed.append(snapshot_id)
+            return snapshot_id
+
+        with cleanup_on_failure(ice, written, landed=lambda: bool(landed)):
             if data is not None:
                 for chunk in self._prepare(data, ice):
                     key_parts.append(chunk.select(keys))
-                    rows += chunk.num_rows
-                    files.extend(write_data_files(ice, chunk, write_uuid, counter))
+                    new = write_data_files(ice, chunk, write_uuid, counter)
+                    files.extend(new)
+                    written.extend(f.file_path for f in new)
             all_keys = pa.concat_tables(key_parts) if key_parts else None
             if len(key_parts) > 1:
                 check_keys(all_keys, keys)
-
-            def attempt(ice: IcebergTable) -> int | None:
-                head = refs.branch_head(ice.metadata, branch)
-                state = self._state(ice, head)
-                writer = StateWriter(state, ice.io, self._platform_dir(ice))
-                removal = Removal()
-                if replace_filter is not None and head is not None:
-                    removal = plan_removal(self, ice, head, replace_filter, write_uuid, counter, writer)
-                if all_keys is not None and all_keys.num_rows and head is not None:
-                    self._refuse_existing(ice, head, all_keys, removal)
-                if not files and removal.empty:
-                    return head.snapshot_id if head else None
-                added = [f.file_path for f in files + removal.added]
-                live_after = (set(snapshot_files(ice, head)) - {f.file_path for f in removal.removed}) | set(added)
-                index.extend(ice, writer, added, keys, live_after)
-                props = self._state_props(ice, head, writer.write() if writer.changed else state.root_path)
-                props["featurelake.operation"] = "append" if replace_filter is None else ("overwrite" if files else "delete")
-                tx = ice.transaction()
-                if removal.empty:
-                    with tx.update_snapshot(snapshot_properties=props, branch=branch).fast_append() as op:
-                        for f in files:
-                            op.append_data_file(f)
-                else:
-                    with tx.update_snapshot(snapshot_properties=props, branch=branch).overwrite() as op:
-                        for f in removal.removed:
-                            op.delete_data_file(f)
-                        for f in removal.added + files:
-                            op.append_data_file(f)
-                return tx.commit_transaction().metadata.refs[branch].snapshot_id
-
             return optimistic(self.refresh, attempt, f"write to {self.name}@{branch}")
-        except BaseException:
-            _delete_quietly(ice, [f.file_path for f in files])
-            raise
 
     def backfill(self, data: Any, branch: str = MAIN, on_unknown: str = "error") -> int | None:
         """Set columns of existing rows without rewriting any data file (one commit).
@@ -484,11 +486,3 @@ def _chunks(data: Any, rows: int = CHUNK_ROWS) -> Iterator[pa.Table]:
             pending, count = [], 0
     if pending:
         yield pa.concat_tables(pending, promote_options="permissive")
-
-
-def _delete_quietly(ice: IcebergTable, paths: Iterable[str]) -> None:
-    for p in paths:
-        try:
-            ice.io.delete(p)
-        except Exception:  # best effort: unreferenced files are garbage-collected anyway
-            pass

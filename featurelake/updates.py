@@ -25,7 +25,7 @@ from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
 from featurelake import refs
-from featurelake.commit import optimistic
+from featurelake.commit import cleanup_on_failure, delete_quietly, optimistic
 from featurelake.errors import DuplicateKeyError, NullKeyError, SchemaMismatchError, UnknownKeyError
 from featurelake.keys import ROW, check_keys, find
 from featurelake.merge import snapshot_files
@@ -236,9 +236,7 @@ def apply_column_updates(
     written: list[str] = []
 
     def attempt(ice: IcebergTable) -> UpdateReport:
-        from featurelake.table import _delete_quietly
-
-        _delete_quietly(ice, written)  # leftovers of an attempt that lost a commit race
+        delete_quietly(ice, written)  # leftovers of an attempt that lost a commit race
         written.clear()
         head = refs.branch_head(ice.metadata, branch)
         if head is None:
@@ -273,11 +271,5 @@ def apply_column_updates(
         report.new_columns = new_columns
         return report
 
-    try:
+    with cleanup_on_failure(table._ice, written, landed=lambda: report.snapshot_id is not None):
         return optimistic(table.refresh, attempt, f"backfill {table.name}@{branch}")
-    except BaseException:
-        from featurelake.table import _delete_quietly
-
-        if report.snapshot_id is None:
-            _delete_quietly(table._ice, written)
-        raise

@@ -24,7 +24,7 @@ import pyarrow as pa
 from pyiceberg.table import Table as IcebergTable
 
 from featurelake import index, refs
-from featurelake.commit import optimistic
+from featurelake.commit import cleanup_on_failure, delete_quietly, optimistic
 from featurelake.errors import SchemaMismatchError
 from featurelake.keys import ROW, check_keys, find
 from featurelake.merge import snapshot_files
@@ -52,9 +52,7 @@ def upsert(table: "Table", data: Any, branch: str = refs.MAIN) -> UpdateReport:
     written: list[str] = []
 
     def attempt(ice: IcebergTable) -> UpdateReport:
-        from featurelake.table import _delete_quietly
-
-        _delete_quietly(ice, written)
+        delete_quietly(ice, written)
         written.clear()
         head = refs.branch_head(ice.metadata, branch)
         schema = ice.schema()
@@ -105,11 +103,5 @@ def upsert(table: "Table", data: Any, branch: str = refs.MAIN) -> UpdateReport:
         report.new_columns = new_columns
         return report
 
-    try:
+    with cleanup_on_failure(table._ice, written, landed=lambda: report.snapshot_id is not None):
         return optimistic(table.refresh, attempt, f"upsert {table.name}@{branch}")
-    except BaseException:
-        from featurelake.table import _delete_quietly
-
-        if report.snapshot_id is None:
-            _delete_quietly(table._ice, written)
-        raise
