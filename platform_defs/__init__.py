@@ -13,6 +13,7 @@ from assets import main as main_group
 from assets import label_targets as labels_group
 from assets import maintenance as maintenance_group
 from assets import research as research_group
+from assets import sequences as sequences_group
 from platform_defs.schedules import nightly_maintenance_job, nightly_maintenance_schedule
 from platform_defs.sensors import compaction_job, compaction_sensor
 from resources import lake_resource_from_env
@@ -21,7 +22,8 @@ main_job = define_asset_job(
     "main_job",
     selection=AssetSelection.groups(main_group.GROUP),
     partitions_def=main_group.daily_partitions,
-    description="Raw impressions -> ml.samples (features) -> labels backfilled, for one day.",
+    description="Raw impressions -> ml.samples (features) -> labels backfilled, for one day; "
+    "the day's user events -> ml.user_events, then the sequence store built (incrementally).",
 )
 
 
@@ -34,6 +36,7 @@ def build_defs(env=None) -> Definitions:
     return Definitions(
         assets=[
             *main_group.main_assets,
+            *sequences_group.sequence_assets,
             *maintenance_group.maintenance_assets,
             *research_group.research_assets,
             *labels_group.labels_assets,
@@ -41,6 +44,7 @@ def build_defs(env=None) -> Definitions:
         asset_checks=[*research_group.research_checks],
         jobs=[
             main_job,
+            sequences_group.sequence_job,
             compaction_job,
             nightly_maintenance_job,
             research_group.research_job,
@@ -56,5 +60,7 @@ defs = build_defs()
 
 research_job = research_group.research_job
 labels_job = labels_group.labels_job
+sequence_job = sequences_group.sequence_job
 
-__all__ = ["defs", "build_defs", "build_resources", "main_job", "research_job", "labels_job"]
+__all__ = ["defs", "build_defs", "build_resources", "main_job", "research_job", "labels_job",
+           "sequence_job"]

@@ -448,6 +448,19 @@ def run_demo(
     return summary
 
 
+# -- user sequences (platform_defs/demo_sequences.py): after labels, before research --------
+@summary_section("sequences")
+def _sequences_section(lake, context: dict) -> Optional[dict]:
+    """user_events + sequence_store per day, then training batches with a joined history."""
+    from platform_defs.demo_sequences import run_sequences
+
+    return run_sequences(lake, context)
+
+
+COLUMN_LABELS.update({"table_events": "in table", "store_events": "in store", "new_bytes": "new",
+                      "store_bytes": "store"})
+
+
 # -- research branches, training targets, storage per branch (platform_defs/demo_research.py) --
 @summary_section("research")
 def _research_section(lake, context: dict) -> Optional[dict]:

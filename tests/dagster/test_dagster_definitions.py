@@ -32,8 +32,15 @@ def test_defs_in_process(lake_home, monkeypatch):
     for name in ("raw_impressions", "samples", "labels"):
         assert graph.get(AssetKey(name)).group_name == "main"
     assert graph.get(AssetKey("labels")).parent_keys == {AssetKey("samples"), AssetKey("raw_impressions")}
+    # user sequences: group main too; the unpartitioned store depends on every events partition
+    for name in ("user_events", "sequence_store"):
+        assert graph.get(AssetKey(name)).group_name == "main"
+    assert graph.get(AssetKey("user_events")).partitions_def == graph.get(AssetKey("samples")).partitions_def
+    assert graph.get(AssetKey("sequence_store")).partitions_def is None
+    assert graph.get(AssetKey("sequence_store")).parent_keys == {AssetKey("user_events")}
     job = defs.resolve_job_def("main_job")
-    assert {n.name for n in job.nodes} == {"raw_impressions", "samples", "labels"}
+    assert {n.name for n in job.nodes} == {"raw_impressions", "samples", "labels", "user_events", "sequence_store"}
+    assert {n.name for n in defs.resolve_job_def("sequence_job").nodes} == {"sequence_store"}
     lake = defs.resources["lake"]
     assert isinstance(lake, LakeResource)
     assert lake.home == str(lake_home)

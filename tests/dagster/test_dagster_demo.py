@@ -11,6 +11,7 @@ def test_run_demo_smoke(tmp_path, monkeypatch):
     from platform_defs.demo import run_demo
 
     monkeypatch.setenv("DAGSTER_HOME", "/nonexistent-before-demo")
+    monkeypatch.setenv("FEATURELAKE_DEMO_EVENTS_PER_USER", "2")  # user_events: small days, quick builds
     home = tmp_path / "home"
     buf = io.StringIO()
     summary = run_demo(home, days=2, rows_per_day=300, console=Console(file=buf, width=200))
@@ -47,14 +48,18 @@ def test_run_demo_smoke(tmp_path, monkeypatch):
     inst = DagsterInstance.from_config(str(dagster_home))
     try:
         runs = inst.get_runs()
-        assert len([r for r in runs if r.tags.get("dagster/partition") in summary["partitions"]]) == 2
+        # the sequences section's runs: user_events + sequence_store per day, then a full rebuild
+        seq_runs = [r for r in runs if r.tags.get("featurelake/demo-section") == "sequences"]
+        assert len(seq_runs) == 3
+        main_runs = [r for r in runs if r.tags.get("dagster/partition") in summary["partitions"]]
+        assert len([r for r in main_runs if r not in seq_runs]) == 2
         # the demo ends with the compaction the sensor requested, recorded there too
         compactions = [r for r in runs if r.tags.get("dagster/partition") == "ml.samples|main"]
         research_runs = [r for r in runs if r.tags.get("dagster/partition") == "ctr-v2"]
         target_runs = [r for r in runs if r.tags.get("dagster/partition") in ("ctr", "long_dwell")]
         assert len(research_runs) == len(summary["research"]["attempts"]) == 2 and len(target_runs) == 2
         assert len(compactions) == 1
-        assert len(runs) == 2 + len(compactions) + len(research_runs) + len(target_runs)
+        assert len(runs) == 2 + len(compactions) + len(research_runs) + len(target_runs) + len(seq_runs)
     finally:
         inst.dispose()
 
@@ -94,9 +99,22 @@ def test_run_demo_smoke(tmp_path, monkeypatch):
     assert storage["labels/ctr"]["exclusive_bytes"] > 0 and storage["research/ctr-v2"]["exclusive_bytes"] == 0
     assert "research · candidate f2_norm" in out and "storage" in out and "training targets · target ctr" in out
 
+    # sequences: events per day into ml.user_events, store built (full, then incremental, then
+    # rebuilt in full), training batches joined with histories strictly before each row
+    seq = summary["sequences"]
+    assert [d["build"] for d in seq["per_day"].values()] == ["full", "incremental"]
+    assert seq["store_matches_head"] and seq["events"] == seq["table_events"] > 0
+    assert seq["events"] == sum(d["events"] for d in seq["per_day"].values()) and seq["events_replaced"] == 0
+    assert seq["rows"] == 600 and seq["events_joined"] > 0 and seq["violations"] == 0
+    assert 0 < seq["longest_history"] <= seq["max_len"] == 64
+    assert seq["rows_per_second"] > 0 and seq["store_bytes"] > 0 and seq["denormalized_bytes"] > 0
+    assert "sequences · per_day" in out and "violations" in out
+
     # a second demo run re-materializes the same days: still no duplicates
     again = run_demo(home, days=2, rows_per_day=300, print_report=False)
     assert again["tables"]["ml.samples"]["rows"] == 600
+    assert again["sequences"]["table_events"] == seq["table_events"] == again["sequences"]["events_replaced"]
+    assert again["sequences"]["violations"] == 0
     assert again["labels"]["read_back_ok"] and again["labels"]["rows_labelled"] == 600
 
 

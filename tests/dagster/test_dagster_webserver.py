@@ -72,6 +72,8 @@ def test_webserver_serves_main_assets(tmp_path, lake_home, dagster_home):
         assert nodes.get("raw_impressions") == "main", (nodes, logs())
         assert nodes.get("samples") == "main", (nodes, logs())
         assert nodes.get("labels") == "main", (nodes, logs())
+        assert nodes.get("user_events") == "main", (nodes, logs())
+        assert nodes.get("sequence_store") == "main", (nodes, logs())
     finally:
         try:
             os.killpg(proc.pid, signal.SIGTERM)

@@ -1,0 +1,165 @@
+"""How a sequence store lays events out: column groups, their codecs, and per-user records.
+
+Why a module of its own: the value and key codecs (:mod:`featurelake.seqstore`)
+know how to turn one chunk of rows into bytes and back; this module decides
+what those chunks are. A build's :class:`_Layout` says which attribute
+columns go into which separately fetched group (group 0 also holds the time
+column), with which codec (fixed-size raw chunks where the types and the
+distinct string values allow, Arrow IPC otherwise), and
+:func:`_encode_sorted` writes each user's events, sorted by time, as one
+head value (event count, last time, first time of every chunk) plus one
+value per (chunk, group). Both the full and the incremental build
+(:mod:`featurelake.seqbuild`) write through it; the reader
+(:mod:`featurelake.seqlookup`) reads the same records back.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from featurelake.errors import FeatureLakeError, SchemaMismatchError
+from featurelake.seqstore import DICT_MAX, FixedCodec, IpcCodec, KeyCodec, fixed_dtype, is_string
+
+
+# ================================================================== layout
+@dataclasses.dataclass
+class _Layout:
+    key: str
+    time: str
+    event_id: str
+    synthetic: bool
+    key_type: pa.DataType
+    time_type: pa.DataType
+    chunk_events: int
+    groups: list[list[str]]          # attribute columns per group
+    attributes: list[str]            # every stored attribute, in table order
+    group_schemas: list[pa.Schema]   # group 0 carries the time column too (the hot group)
+    codec_mode: str = "auto"         # "auto": fixed-size chunks where the types allow; "ipc": Arrow IPC everywhere
+
+    @property
+    def stored(self) -> list[str]:
+        return [c for g in self.groups for c in g]
+
+    @property
+    def scan_columns(self) -> list[str]:
+        extra = [self.event_id] if self.event_id not in self.stored else []
+        return [self.key, self.time] + extra + self.stored
+
+    def dictionary_columns(self) -> list[str]:
+        """String columns of groups that could use the fixed codec (their distinct values are counted)."""
+        if self.codec_mode != "auto":
+            return []
+        out = []
+        for schema in self.group_schemas:
+            if all(fixed_dtype(f.type) is not None or is_string(f.type) for f in schema):
+                out += [f.name for f in schema if is_string(f.type)]
+        return out
+
+    def plan_codecs(self, uniques: dict[str, list[str] | None]) -> list:
+        if self.codec_mode != "auto":
+            return [IpcCodec(s) for s in self.group_schemas]
+        return [FixedCodec.plan(s, self.chunk_events, uniques, delta=[self.time]) or IpcCodec(s) for s in self.group_schemas]
+
+
+def _check_groups(groups: Sequence[Sequence[str]] | None, attrs: list[str], time: str) -> list[list[str]]:
+    if groups is None:
+        return [list(attrs)]
+    out: list[list[str]] = []
+    seen: set[str] = set()
+    for g in groups:
+        g = [c for c in g if c != time]
+        bad = [c for c in g if c not in attrs]
+        if bad:
+            raise SchemaMismatchError(f"column_groups name unknown attribute(s) {bad}; attributes: {attrs}", bad)
+        twice = [c for c in g if c in seen]
+        if twice:
+            raise SchemaMismatchError(f"column_groups list {twice} more than once", twice)
+        seen.update(g)
+        if g:
+            out.append(list(g))
+    rest = [c for c in attrs if c not in seen]
+    if rest or not out:
+        out.append(rest)
+    if len(out) > 255:
+        raise FeatureLakeError("at most 255 column groups")
+    return out
+
+
+# ================================================================ encoding
+def _int_times(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if pa.types.is_timestamp(arr.type):
+        arr = arr.cast(pa.int64())
+    return arr.cast(pa.int64()).to_numpy(zero_copy_only=False)
+
+
+def _uniques(tbl: pa.Table, columns: Sequence[str], into: dict[str, set | None]) -> None:
+    """Add the distinct values of string ``columns`` to ``into`` (None once past DICT_MAX)."""
+    for col in columns:
+        seen = into.get(col, set())
+        if seen is None:
+            continue
+        seen.update(v for v in pc.unique(tbl.column(col)).to_pylist() if v is not None)
+        into[col] = seen if len(seen) <= DICT_MAX else None
+
+
+def _as_lists(uniques: dict[str, set | None]) -> dict[str, list[str] | None]:
+    return {k: (sorted(v) if v is not None else None) for k, v in uniques.items()}
+
+
+def _encode_sorted(
+    tbl: pa.Table,
+    layout: _Layout,
+    codecs: list,
+    codec: KeyCodec,
+    writer,
+    prefix: dict | None = None,
+) -> dict[str, int]:
+    """Write the heads and chunks of every user in ``tbl`` (sorted by key, time).
+
+    ``prefix`` maps a user to (first chunk number, first times of the chunks
+    before it): an incremental build re-encodes a user from that chunk on.
+    """
+    n = tbl.num_rows
+    if n == 0:
+        return {"users": 0, "events": 0, "chunks": 0}
+    c = layout.chunk_events
+    keys = codec.values(tbl.column(layout.key).combine_chunks())
+    times = _int_times(tbl.column(layout.time))
+    starts = np.concatenate([[0], np.flatnonzero(keys[1:] != keys[:-1]) + 1, [n]])
+    encoders = [cd.encoder(tbl.select(schema.names).cast(schema)) for cd, schema in zip(codecs, layout.group_schemas)]
+    users = events = chunks = 0
+    for i in range(len(starts) - 1):
+        s, e = int(starts[i]), int(starts[i + 1])
+        user = keys[s]
+        k0, ft_prefix = (prefix or {}).get(user if codec.kind == "string" else int(user), (0, None))
+        count = -(-(e - s) // c)
+        ft = times[s:e:c][:count]
+        if ft_prefix is not None and len(ft_prefix):
+            ft = np.concatenate([ft_prefix, ft])
+        head = np.concatenate([[k0 * c + (e - s), times[e - 1]], ft]).astype("<i8").tobytes()
+        p = codec.prefix(user)
+        writer.put(p + b"\x00", head)
+        for j in range(count):
+            off = s + j * c
+            ln = min(c, e - off)
+            ck = p + b"\x01" + (k0 + j).to_bytes(4, "big")
+            for g, enc in enumerate(encoders):
+                writer.put(ck + bytes([g]), enc(off, ln))
+        users += 1
+        events += k0 * c + (e - s)
+        chunks += k0 + count
+    return {"users": users, "events": events, "chunks": chunks}
+
+
+def _sort_events(tbl: pa.Table, layout: _Layout) -> pa.Table:
+    return tbl.sort_by([(layout.key, "ascending"), (layout.time, "ascending"), (layout.event_id, "ascending")])
+
+
+def _dropped(layout: _Layout) -> list[str]:
+    return [layout.event_id] if layout.event_id not in layout.stored else []
