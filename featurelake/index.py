@@ -77,6 +77,13 @@ class Segment:
         return Segment(d["path"], int(d["rows"]), int(d["min"]), int(d["max"]), bool(d["exact"]))
 
 
+def _column(table: pa.Table, name: str) -> np.ndarray:
+    """A column as numpy without copying when it is one chunk (memory-mapped stays mapped)."""
+    col = table.column(name)
+    chunk = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+    return chunk.to_numpy(zero_copy_only=False)
+
+
 class _Loaded:
     """A segment's arrays, memory-mapped where the file is local."""
 
@@ -90,9 +97,9 @@ class _Loaded:
         table = reader.read_all()
         meta = table.schema.metadata or {}
         self.files: list[str] = json.loads(meta[b"files"])
-        self.k = table.column("k").combine_chunks().to_numpy(zero_copy_only=False)
-        self.f = table.column("f").combine_chunks().to_numpy(zero_copy_only=False)
-        self.p = table.column("p").combine_chunks().to_numpy(zero_copy_only=False)
+        self.k = _column(table, "k")
+        self.f = _column(table, "f")
+        self.p = _column(table, "p")
 
 
 def _load(io: FileIO, path: str) -> _Loaded:
@@ -123,7 +130,7 @@ def _write(io: FileIO, location: str, files: list[str], k: np.ndarray, f: np.nda
     path = f"{location.rstrip('/')}/index-{uuid.uuid4().hex}.arrow"
     with io.new_output(path).create(overwrite=False) as out:
         with pa.ipc.new_file(out, table.schema) as writer:
-            writer.write_table(table, max_chunksize=1 << 22)
+            writer.write_table(table)  # one chunk: readers map it without copying
     return Segment(path, len(k), int(k[0]), int(k[-1]), exact)
 
 
@@ -144,9 +151,13 @@ def lookup(io: FileIO, segments: Sequence[dict], probe: np.ndarray, live: set[st
         if seg.max < lo_key or seg.min > hi_key:
             continue
         loaded = _load(io, seg.path)
-        start = np.searchsorted(loaded.k, sorted_probe, side="left")
-        end = np.searchsorted(loaded.k, sorted_probe, side="right")
-        counts = end - start
+        if seg.exact:  # unique keys: a hit is the one key at the insertion point
+            start = np.searchsorted(loaded.k, sorted_probe, side="left")
+            at = np.minimum(start, len(loaded.k) - 1)
+            counts = ((start < len(loaded.k)) & (loaded.k[at] == sorted_probe)).astype(np.int64)
+        else:  # hashed keys may collide: every equal key is a candidate
+            start = np.searchsorted(loaded.k, sorted_probe, side="left")
+            counts = np.searchsorted(loaded.k, sorted_probe, side="right") - start
         hit = counts > 0
         if not hit.any():
             continue

@@ -15,6 +15,7 @@ to ``true`` before planning and checked on merged values afterwards.
 from __future__ import annotations
 
 import logging
+import os
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -218,7 +219,10 @@ class Scan:
     def _read_columns(
         self, path: str, requested: Schema, extra_ids: Sequence[int] = (), batch_size: int | None = None
     ) -> Iterator[tuple[pa.RecordBatch, pa.RecordBatch | None]]:
-        """Batches of ``requested`` (by field id, in current names), plus extra columns raw."""
+        """Batches of ``requested`` (by field id, in current names), plus extra columns raw.
+
+        ``batch_size`` 0 reads the whole file in one go (for whole-table reads).
+        """
         pf = self._open(path)
         file_schema = pyarrow_to_schema(pf.schema_arrow, downcast_ns_timestamp_to_us=True)
         ids = {f.field_id for f in requested.fields}
@@ -237,7 +241,11 @@ class Scan:
                 yield _empty_batch(requested, min(step, n - start)), None
             return
         try:
-            for batch in pf.iter_batches(batch_size=batch_size or self.batch_size, columns=columns + extra, use_threads=True):
+            if batch_size == 0:  # the whole file at once: Arrow decodes its row groups in parallel
+                batches = pf.read(columns=columns + extra, use_threads=True).to_batches()
+            else:
+                batches = pf.iter_batches(batch_size=batch_size or self.batch_size, columns=columns + extra, use_threads=True)
+            for batch in batches:
                 converted = _conform_batch(batch, projected, requested) if columns else _empty_batch(requested, batch.num_rows)
                 yield converted, batch.select(extra) if extra else None
         except (OSError, pa.ArrowInvalid) as e:
@@ -252,7 +260,7 @@ class Scan:
                 continue
             requested = Schema(*[f for f in self.read_schema.fields if f.field_id in ids])
             parts, positions = [], []
-            for values, extra in self._read_columns(entry.update_file, requested, () if entry.dense else (POS_FIELD_ID,), batch_size=1 << 20):
+            for values, extra in self._read_columns(entry.update_file, requested, () if entry.dense else (POS_FIELD_ID,), batch_size=0):
                 parts.append(values)
                 if extra is not None:
                     positions.append(extra.column(0).to_numpy(zero_copy_only=False))
@@ -263,13 +271,13 @@ class Scan:
             self.report.update_files_read += 1
         return layers
 
-    def read_file(self, task: FileScanTask) -> Iterator[pa.RecordBatch]:
-        """Merged, filtered, projected batches of one data file."""
+    def read_file(self, task: FileScanTask, whole: bool = False) -> Iterator[pa.RecordBatch]:
+        """Merged, filtered, projected batches of one data file (``whole``: read it in one go)."""
         path = task.file.file_path
         entries = self.state.entries_for(path) if not self.state.empty else []
         layers = self._load_layers(entries) if entries else []
         start = 0
-        for base, _ in self._read_columns(path, self.read_schema):
+        for base, _ in self._read_columns(path, self.read_schema, batch_size=0 if whole else None):
             n = base.num_rows
             merged = _apply_layers(base, layers, start) if layers else base
             if self.with_locator:
@@ -280,10 +288,10 @@ class Scan:
             out = merged.select(self.columns + ([LOCATOR_FILE, LOCATOR_POS] if self.with_locator else []))
             yield out.cast(self.output_schema) if not out.schema.equals(self.output_schema) else out
 
-    def _guarded(self, task: FileScanTask, budget: int) -> list[pa.RecordBatch] | None:
+    def _guarded(self, task: FileScanTask, budget: int, whole: bool = False) -> list[pa.RecordBatch] | None:
         """Read a whole file; None when it is bad and the budget allows skipping it."""
         try:
-            return list(self.read_file(task))
+            return list(self.read_file(task, whole))
         except CorruptFileError as e:
             if len(self.report.skipped_files) < budget:
                 self.report.skipped_files.append(task.file.file_path)
@@ -295,16 +303,21 @@ class Scan:
     def _budget(self, tasks: list[FileScanTask]) -> int:
         return int(self.max_bad_file_ratio * len(tasks) + 1e-9)
 
-    def to_table(self, threads: int = 8) -> pa.Table:
-        """The whole result, files read in parallel, in plan order."""
+    def to_table(self, threads: int | None = None) -> pa.Table:
+        """The whole result, files read in parallel, in plan order.
+
+        One file per core at a time: Arrow already decodes each file's column
+        chunks on its own thread pool, and more files in flight only thrash.
+        """
         t0 = time.perf_counter()
         tasks = self.tasks()
         budget = self._budget(tasks)
+        threads = threads or max(2, os.cpu_count() or 2)
         if len(tasks) <= 1:
-            results = [self._guarded(t, budget) for t in tasks]
+            results = [self._guarded(t, budget, whole=True) for t in tasks]
         else:
             with ThreadPoolExecutor(max_workers=min(threads, len(tasks))) as pool:
-                results = list(pool.map(lambda t: self._guarded(t, budget), tasks))
+                results = list(pool.map(lambda t: self._guarded(t, budget, whole=True), tasks))
         batches = [b for r in results if r for b in r if b.num_rows]
         self.report.files = len(tasks) - len(self.report.skipped_files)
         result = pa.Table.from_batches(batches, schema=self.output_schema)
