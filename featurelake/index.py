@@ -141,7 +141,7 @@ def lookup(io: FileIO, segments: Sequence[dict], probe: np.ndarray, live: set[st
     file numbers index the returned names. A key hits more than once only
     when its hash collides (hashed keys): callers verify those.
     """
-    order = np.argsort(probe, kind="stable")
+    order = np.argsort(probe)
     sorted_probe = probe[order]
     rows, file_ids, positions = [], [], []
     names: list[str] = []

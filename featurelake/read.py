@@ -224,16 +224,7 @@ class Scan:
         ``batch_size`` 0 reads the whole file in one go (for whole-table reads).
         """
         pf = self._open(path)
-        file_schema = pyarrow_to_schema(pf.schema_arrow, downcast_ns_timestamp_to_us=True)
-        ids = {f.field_id for f in requested.fields}
-        projected = prune_columns(file_schema, ids, select_full_types=True)
-        columns = [c.name for c in projected.columns]
-        extra = []
-        for fid in extra_ids:
-            try:
-                extra.append(file_schema.find_column_name(fid))
-            except ValueError:
-                pass
+        projected, columns, extra = _projection(pf.schema_arrow, frozenset(f.field_id for f in requested.fields), tuple(extra_ids))
         if not columns and not extra:
             n = pf.metadata.num_rows
             step = batch_size or n or 1
@@ -358,6 +349,32 @@ class Scan:
                         self.report.rows += piece.num_rows
                         yield piece
         self.report.files = len(tasks) - len(self.report.skipped_files)
+
+
+_PROJECTIONS: dict = {}
+
+
+def _projection(arrow: pa.Schema, ids: frozenset[int], extra_ids: tuple[int, ...]) -> tuple[Schema, list[str], list[str]]:
+    """A file's Iceberg schema pruned to ``ids``, the column names to read, and the extra columns.
+
+    Files written by one writer share a schema, so the conversion (a few ms for
+    a wide table, paid per file and per update file otherwise) is cached.
+    """
+    key = (arrow.serialize().to_pybytes(), ids, extra_ids)  # bytes: Schema equality ignores field ids
+    found = _PROJECTIONS.get(key)
+    if found is None:
+        file_schema = pyarrow_to_schema(arrow, downcast_ns_timestamp_to_us=True)
+        projected = prune_columns(file_schema, set(ids), select_full_types=True)
+        extra = []
+        for fid in extra_ids:
+            try:
+                extra.append(file_schema.find_column_name(fid))
+            except ValueError:
+                pass
+        if len(_PROJECTIONS) > 1024:
+            _PROJECTIONS.clear()
+        found = _PROJECTIONS[key] = (projected, [c.name for c in projected.columns], extra)
+    return found
 
 
 def _empty_batch(schema: Schema, rows: int) -> pa.RecordBatch:

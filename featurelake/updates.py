@@ -127,20 +127,21 @@ def located_rows(data: pa.Table, found: pa.Table) -> pa.Table:
     )
 
 
-def _check_locators(table: "Table", ice: IcebergTable, head: Snapshot, data: pa.Table) -> None:
+def _check_locators(table: "Table", ice: IcebergTable, head: Snapshot, data: pa.Table) -> list[tuple[str, pa.Table]]:
+    """Validate ``_file``/``_pos`` input; returns it grouped per data file (see ``_groups``)."""
     for c in (LOCATOR_FILE, LOCATOR_POS):
         if data.column(c).null_count:
             raise NullKeyError(f"locator column {c!r} holds nulls", count=data.column(c).null_count)
-    dups = data.select([LOCATOR_FILE, LOCATOR_POS]).group_by([LOCATOR_FILE, LOCATOR_POS]).aggregate([([], "count_all")])
-    dups = dups.filter(pc.greater(dups["count_all"], 1))
-    if dups.num_rows:
-        raise DuplicateKeyError(f"{dups.num_rows} row locator(s) repeat in the input", count=dups.num_rows)
-    sizes = {t.file.file_path: t.file.record_count for t in table.scan([], branch=str(head.snapshot_id), ice=ice).tasks()}
-    per_file = data.group_by(LOCATOR_FILE).aggregate([(LOCATOR_POS, "min"), (LOCATOR_POS, "max")])
-    bad = []
-    for f, lo, hi in zip(*(per_file.column(i).to_pylist() for i in range(3))):
-        if f not in sizes or lo < 0 or hi >= sizes[f]:
-            bad.append(f)
+    sizes = {p: f.record_count for p, f in snapshot_files(ice, head).items()}
+    groups = _groups(data)
+    bad, repeated = [], 0
+    for path, group in groups:
+        pos = group.column(LOCATOR_POS).to_numpy()
+        repeated += int((np.diff(pos) == 0).sum())
+        if path not in sizes or pos[0] < 0 or pos[-1] >= sizes[path]:
+            bad.append(path)
+    if repeated:
+        raise DuplicateKeyError(f"{repeated} row locator(s) repeat in the input", count=repeated)
     if bad:
         raise UnknownKeyError(
             f"{len(bad)} locator file(s) are not data files of {table.name}@{head.snapshot_id} "
@@ -148,6 +149,7 @@ def _check_locators(table: "Table", ice: IcebergTable, head: Snapshot, data: pa.
             bad[:5],
             count=len(bad),
         )
+    return groups
 
 
 def _groups(rows: pa.Table) -> list[tuple[str, pa.Table]]:
@@ -198,6 +200,7 @@ def stage_update_files(
     columns: list[str],
     schema,
     written: list[str],
+    groups: list[tuple[str, pa.Table]] | None = None,
 ) -> tuple[int, int]:
     """Write one update file per touched data file and add them to ``writer``; returns (files, bytes).
 
@@ -209,7 +212,7 @@ def stage_update_files(
     sizes = {p: f.record_count for p, f in snapshot_files(ice, head).items()}
     seq = writer.take_seq()
     total_bytes = files = 0
-    for data_file, group in _groups(rows):
+    for data_file, group in groups if groups is not None else _groups(rows):
         dense = group.num_rows == sizes[data_file]
         path = f"{table._update_dir(ice)}/{snapshot_id}-{uuid.uuid4().hex[:12]}.parquet"
         size = write_update_file(ice, path, group, target, None if dense else group.column(LOCATOR_POS).combine_chunks())
@@ -243,8 +246,9 @@ def apply_column_updates(
             raise UnknownKeyError(f"{table.name}@{branch} is empty: nothing to backfill", count=data.num_rows)
         current = arrow_schema(ice.schema(), field_ids=False)
         new_columns = _check_types(current, data, columns)
+        groups = None
         if by_locator:
-            _check_locators(table, ice, head, data)
+            groups = _check_locators(table, ice, head, data)
             rows = data
         else:
             rows = _locate_by_key(table, ice, head, data, on_unknown, report)
@@ -259,7 +263,7 @@ def apply_column_updates(
         props = {STATE_KEY: root_path, "featurelake.operation": "backfill", "featurelake.columns": ",".join(columns)}
         producer = tx.update_snapshot(snapshot_properties=props, branch=branch).fast_append()
         files, total_bytes = stage_update_files(
-            table, ice, head, writer, producer.snapshot_id, rows, columns, tx.table_metadata.schema(), written
+            table, ice, head, writer, producer.snapshot_id, rows, columns, tx.table_metadata.schema(), written, groups
         )
         writer.write(root_path)
         producer.commit()
