@@ -1,0 +1,255 @@
+"""Read throughput with merge-on-read update layers vs the compacted table, plain pyiceberg and raw pyarrow.
+
+Setup: one wide table (``sample_id`` int64 + features, every third float64,
+the rest float32; appended in ``files`` commits, one data file each). Update
+layers are added one backfill at a time, alternating:
+
+* odd layers (1, 3, 5, ...): a NEW float32 column ``new_<k>`` set densely
+  (every row; by key, input in random key order);
+* even layers (2, 4, 6, ...): an EXISTING column rewritten sparsely, 10% of
+  the rows chosen at random; the column cycles f000, f001, f002, so at 20
+  layers f000 has 4 stacked layers and f001/f002 have 3 each.
+
+At 0, 1, 5 and 20 layers the full table and a projection (``sample_id``,
+f000, f001 and one never-updated feature) are read with featurelake. For the
+same state a zero-copy branch is compacted (``t.compact(branch=...)``: update
+files folded into rewritten data files) and read three ways: featurelake,
+plain ``ice.scan().to_arrow()``, and ``pyarrow.parquet.read_table`` of the
+same data files (the floor). Repetitions are interleaved; rates use the best
+run of each reader.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from benchmarks.common import (
+    KEY,
+    Config,
+    Timing,
+    build_wide_table,
+    data_file_paths,
+    feature_names,
+    fmt_rate,
+    fmt_s,
+    goal,
+    print_goals,
+    print_profile,
+    profile_summary,
+    ratio,
+    timed,
+    work_dir,
+    write_result,
+)
+
+NAME = "read"
+DEFAULT_REPEAT = 5
+CHECKPOINTS = (0, 1, 5, 20)
+SPARSE_FRACTION = 0.10
+SPARSE_COLUMNS = ("f000", "f001", "f002")
+GOAL_LAYERED = 0.7
+GOAL_VS_PYICEBERG = 1.0
+
+
+def layer_plan(k: int) -> tuple[str, str]:
+    """(kind, column) of layer ``k`` (1-based)."""
+    if k % 2 == 1:
+        return "dense-new", f"new_{k:02d}"
+    return "sparse-existing", SPARSE_COLUMNS[(k // 2 - 1) % len(SPARSE_COLUMNS)]
+
+
+def add_layer(t, k: int, rows: int, rng: np.random.Generator) -> dict[str, Any]:
+    kind, column = layer_plan(k)
+    if kind == "dense-new":
+        keys = rng.permutation(rows).astype(np.int64)
+        vals = pa.array(rng.standard_normal(rows, dtype=np.float32))
+    else:
+        keys = rng.choice(rows, size=max(1, int(rows * SPARSE_FRACTION)), replace=False).astype(np.int64)
+        dtype = t.schema.field(column).type
+        vals = pa.array(rng.standard_normal(len(keys)).astype(np.float64)).cast(dtype)
+    dt, _ = timed(lambda: t.backfill(pa.table({KEY: keys, column: vals})))
+    r = t.last_update_report
+    return {"layer": k, "kind": kind, "column": column, "rows": r.rows_updated, "update_files": r.update_files, "bytes": r.bytes_written, "seconds": round(dt, 4)}
+
+
+def _same(a: pa.Table, b: pa.Table, what: str) -> None:
+    """Equal content, column by column (sorted by key; schemas may differ in nullability only)."""
+    if a.num_rows != b.num_rows or a.column_names != b.column_names:
+        raise AssertionError(f"{what}: {a.num_rows}x{a.column_names[:3]}.. vs {b.num_rows}x{b.column_names[:3]}..")
+    a, b = a.sort_by(KEY), b.sort_by(KEY)
+    bad = [c for c in a.column_names if not a.column(c).equals(b.column(c))]
+    if bad:
+        raise AssertionError(f"{what}: columns differ: {bad[:5]}")
+
+
+def run(cfg: Config) -> dict[str, Any]:
+    from featurelake import Lake
+
+    features = feature_names(cfg.columns)
+    projection = [KEY, "f000", "f001", features[len(features) // 2]]
+    print(f"read: {cfg.rows:,} rows x {cfg.columns} columns in {cfg.files} data files, layers {list(CHECKPOINTS)}, {cfg.repeat} repetitions")
+    checkpoints: list[dict[str, Any]] = []
+    layers: list[dict[str, Any]] = []
+    profile = None
+    with work_dir(NAME, cfg.keep) as wd:
+        lake = Lake(wd / "lake")
+        t = build_wide_table(lake, "bench.wide", cfg)
+        rng = np.random.default_rng(cfg.seed + 2)
+        k = 0
+        for target in CHECKPOINTS:
+            while k < target:
+                k += 1
+                layers.append(add_layer(t, k, cfg.rows, rng))
+            checkpoints.append(_measure(t, k, projection, cfg))
+            cp = checkpoints[-1]
+            print(
+                f"  {k:>2} layers: featurelake {fmt_rate(cp['full']['featurelake']['rows_per_s'])}"
+                + (f", compacted {fmt_rate(cp['full']['compacted_featurelake']['rows_per_s'])}" if "compacted_featurelake" in cp["full"] else "")
+                + (f", pyiceberg {fmt_rate(cp['full']['compacted_pyiceberg']['rows_per_s'])}" if "compacted_pyiceberg" in cp["full"] else "")
+                + (f", pyarrow {fmt_rate(cp['full']['compacted_pyarrow']['rows_per_s'])}" if "compacted_pyarrow" in cp["full"] else "")
+            )
+
+        by_layers = {cp["layers"]: cp for cp in checkpoints}
+        five = by_layers.get(5)
+        goals = []
+        if five:
+            goals.append(goal("5-layer read / compacted read (throughput, full table)", five["ratios"]["layered_over_compacted_full"], GOAL_LAYERED))
+        for cp in checkpoints:
+            if cp["layers"] > 0:
+                goals.append(
+                    goal(
+                        f"{cp['layers']}-layer state: compacted featurelake read / pyiceberg read (throughput, full table)",
+                        cp["ratios"]["compacted_featurelake_over_pyiceberg_full"],
+                        GOAL_VS_PYICEBERG,
+                    )
+                )
+        if cfg.profile or (not cfg.quick and not all(g["met"] for g in goals)):
+            # cProfile sees the main thread only: profile reads that open the files one after another
+            # in the main thread (Scan.read_file per planned task, as compaction does).
+            profile = {}
+            for label, ref in ((f"{k} layers", "main"), (f"compacted {k}-layer state", f"compacted_{k}")):
+                _, profile[f"featurelake sequential read, {label}"] = profile_summary(lambda ref=ref: _sequential_read(t, ref))
+            ice = t.iceberg
+            snap = ice.metadata.refs[f"compacted_{k}"].snapshot_id
+            _, profile[f"pyiceberg read, compacted {k}-layer state"] = profile_summary(lambda: ice.scan(snapshot_id=snap).to_arrow())
+
+    result = {
+        "description": __doc__.strip().splitlines()[0],
+        "projection": projection,
+        "layers": layers,
+        "checkpoints": checkpoints,
+        "goals": goals,
+        "notes": [
+            "odd layers add a new float32 column densely (all rows); even layers update 10% of the rows of an existing column (f000, f001, f002 in turn)",
+            "compacted = a zero-copy branch at the same snapshot, compacted with t.compact(branch=...); pyiceberg and pyarrow read that branch's data files",
+            "rows_per_s uses the best of the repetitions; ratios are throughput ratios (higher = first reader faster)",
+            "featurelake reads with Table.read (files read in parallel); pyarrow floor = pq.read_table(list of data files)",
+        ],
+    }
+    if profile:
+        result["profile"] = profile
+    path = write_result(NAME, cfg, result)
+    _summary(result, path)
+    return result
+
+
+def _measure(t, layers: int, projection: list[str], cfg: Config) -> dict[str, Any]:
+    """Time every reader on the current main state and on its compacted twin branch."""
+    stats = t.stats()
+    cp: dict[str, Any] = {"layers": layers, "stats": {k: stats[k] for k in ("rows", "columns", "data_files", "update_files", "max_update_layers", "data_bytes", "update_bytes")}}
+    rows = stats["rows"]
+    ice = t.iceberg
+    if layers > 0:
+        branch = f"compacted_{layers}"
+        t.create_branch(branch)
+        dt, report = timed(lambda: t.compact(branch=branch))
+        cp["compaction"] = {"seconds": round(dt, 3), "files_in": report.files_in, "files_out": report.files_out, "update_files_folded": report.update_files_folded, "bytes_out": report.bytes_out}
+        ice = t.iceberg
+        compacted_snapshot = ice.metadata.refs[branch].snapshot_id
+    else:
+        branch = "main"  # nothing to fold: the base table is its own compacted form
+        compacted_snapshot = ice.metadata.refs["main"].snapshot_id
+    paths = data_file_paths(ice, compacted_snapshot)
+    cp["compacted_data_files"] = len(paths)
+
+    readers: dict[str, dict[str, Callable[[], pa.Table]]] = {"full": {}, "projected": {}}
+    for mode, cols in (("full", None), ("projected", projection)):
+        if layers > 0:
+            readers[mode]["featurelake"] = lambda cols=cols: t.read(columns=cols)
+        readers[mode]["compacted_featurelake"] = lambda cols=cols: t.read(columns=cols, branch=branch)
+        if cols is None:
+            readers[mode]["compacted_pyiceberg"] = lambda: ice.scan(snapshot_id=compacted_snapshot).to_arrow()
+            readers[mode]["compacted_pyarrow"] = lambda: pq.read_table(paths)
+        else:
+            readers[mode]["compacted_pyiceberg"] = lambda cols=cols: ice.scan(selected_fields=tuple(cols), snapshot_id=compacted_snapshot).to_arrow()
+            readers[mode]["compacted_pyarrow"] = lambda cols=cols: pq.read_table(paths, columns=cols)
+
+    timings = {mode: {name: Timing() for name in rs} for mode, rs in readers.items()}
+    planning = {"featurelake": Timing(), "pyiceberg": Timing()}
+    for _ in range(cfg.repeat):
+        for mode, rs in readers.items():
+            for name, fn in rs.items():
+                timed(fn, timings[mode][name])
+        # fixed cost of a read before any data file is opened: catalog load, state, manifests
+        timed(lambda: t.scan(branch=branch).tasks(), planning["featurelake"])
+        timed(lambda: list(t.iceberg.scan(snapshot_id=compacted_snapshot).plan_files()), planning["pyiceberg"])
+    cp["planning"] = {name: tm.as_dict() for name, tm in planning.items()}
+
+    # Correctness (not timed): every reader returns the same rows.
+    layered = (readers["full"].get("featurelake") or readers["full"]["compacted_featurelake"])()
+    compacted = readers["full"]["compacted_featurelake"]()
+    _same(layered, compacted, f"{layers} layers: layered vs compacted featurelake read")
+    _same(compacted, readers["full"]["compacted_pyiceberg"](), f"{layers} layers: featurelake vs pyiceberg read of compacted files")
+    del layered, compacted
+
+    for mode, ts in timings.items():
+        cp[mode] = {name: {**tm.as_dict(), "rows_per_s": round(rows / tm.best)} for name, tm in ts.items()}
+    if layers == 0:
+        for mode in cp.keys() & {"full", "projected"}:
+            cp[mode]["featurelake"] = cp[mode]["compacted_featurelake"]
+    cp["ratios"] = {}
+    for mode in ("full", "projected"):
+        best = {name: tm.best for name, tm in timings[mode].items()}
+        best.setdefault("featurelake", best["compacted_featurelake"])
+        cp["ratios"].update(
+            {
+                f"layered_over_compacted_{mode}": ratio(best["compacted_featurelake"], best["featurelake"]),
+                f"compacted_featurelake_over_pyiceberg_{mode}": ratio(best["compacted_pyiceberg"], best["compacted_featurelake"]),
+                f"compacted_featurelake_over_pyarrow_{mode}": ratio(best["compacted_pyarrow"], best["compacted_featurelake"]),
+                f"layered_over_pyarrow_{mode}": ratio(best["compacted_pyarrow"], best["featurelake"]),
+                f"pyiceberg_over_pyarrow_{mode}": ratio(best["compacted_pyarrow"], best["compacted_pyiceberg"]),
+            }
+        )
+    return cp
+
+
+def _sequential_read(t, ref: str) -> list[pa.RecordBatch]:
+    scan = t.scan(branch=ref)
+    return [b for task in scan.tasks() for b in scan.read_file(task)]
+
+
+def _summary(result: dict[str, Any], path) -> None:
+    print("\nread summary (best of runs; M rows/s)")
+    header = f"  {'layers':>6} {'mode':<10} {'featurelake':>12} {'compacted fl':>13} {'pyiceberg':>10} {'pyarrow':>9} {'layered/compacted':>18} {'fl/pyiceberg':>13}"
+    print(header)
+    for cp in result["checkpoints"]:
+        for mode in ("full", "projected"):
+            m = cp[mode]
+            r = cp["ratios"]
+            print(
+                f"  {cp['layers']:>6} {mode:<10} {m['featurelake']['rows_per_s'] / 1e6:>12.2f} {m['compacted_featurelake']['rows_per_s'] / 1e6:>13.2f}"
+                f" {m['compacted_pyiceberg']['rows_per_s'] / 1e6:>10.2f} {m['compacted_pyarrow']['rows_per_s'] / 1e6:>9.2f}"
+                f" {r[f'layered_over_compacted_{mode}']:>18} {r[f'compacted_featurelake_over_pyiceberg_{mode}']:>13}"
+            )
+        if "compaction" in cp:
+            c = cp["compaction"]
+            print(f"  {'':>6} compaction {fmt_s(c['seconds'])}: {c['files_in']} files + {c['update_files_folded']} update files -> {c['files_out']} files")
+        pl = cp["planning"]
+        print(f"  {'':>6} planning (compacted state): featurelake scan().tasks() {fmt_s(pl['featurelake']['best_s'])}, pyiceberg load+plan_files {fmt_s(pl['pyiceberg']['best_s'])}")
+    print_goals(result["goals"])
+    for variant, p in result.get("profile", {}).items():
+        print_profile(variant, p)
+    print(f"  -> {path}")

@@ -1,0 +1,401 @@
+"""Normalized user sequences vs denormalized rows: storage, bytes fetched, join throughput, long histories.
+
+Setup (full size): ``users`` users with ``history`` events each (synthetic
+event log over 60 days: item_id, event_type, dwell, tags list<int32>; 30% of
+a user's events revisit one of their favourite items), and 40
+training rows per user (sample_id, user_id, ts, label, 8 float features) at
+times in the last 24 days, written in time order (users interleaved, as
+day-partitioned sample tables are). Side by side, in one run:
+
+1. **storage**: normalized = the training rows + the sequence store (every
+   user's events once) versus denormalized = each training row carrying its
+   last 256 events (all attributes) in a list<struct> column, both as
+   featurelake tables (zstd Parquet). Also the event table itself sorted by
+   (user, time) versus in arrival order (Meta's "reorder rows within files"),
+   and the denormalized rows grouped by user.
+2. **bytes fetched per batch** (4096 rows, last 256 events, projection to
+   item_id + event_type): chunked store with hot/cold column groups versus a
+   store holding each user's whole history as one value (Meta's baseline:
+   fetch whole histories, project and truncate in the reader).
+3. **throughput**: ``t.batches(..., sequences={"hist": view})`` versus the same
+   read without the join (rows/s, events/s); lookups/s versus the raw
+   multi-get of the very keys the lookups fetched (the floor).
+4. **long histories**: lookups with the same max_len (256) against users with
+   2K versus 80K events each.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import resource
+import time
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from benchmarks.common import Config, fmt_bytes, goal, print_goals, profile_call, ratio, work_dir, write_result
+
+NAME = "sequences"
+DAYS = 60
+ROW_DAYS = 24
+ROWS_PER_USER = 40
+MAX_LEN = 256
+BATCH = 4096
+HOT = ["item_id", "event_type"]
+GROUPS = [HOT, ["dwell", "tags"]]
+FEATURES = [f"f{i}" for i in range(8)]
+START = _dt.date(2026, 1, 1)
+REPEAT_RATE = 0.3      # share of a user's events revisiting one of their 32 favourite items
+GOAL_STORAGE = 8.0
+GOAL_BYTES = 2 / 3      # Meta: about a third less than whole histories
+GOAL_LONG = 1.5
+
+
+def sizes(cfg: Config) -> dict[str, int]:
+    if cfg.quick:
+        return {"users": 300, "history": 600, "short_users": 200, "short": 2000, "long_users": 6, "long": 80_000,
+                "long_batch": 6, "long_batches": 30}
+    return {"users": 4000, "history": 800, "short_users": 2000, "short": 2000, "long_users": 100, "long": 80_000,
+            "long_batch": 100, "long_batches": 40}
+
+
+# ------------------------------------------------------------------- data
+def training_rows(users: int, seed: int) -> pa.Table:
+    rng = np.random.default_rng([seed, 7])
+    n = users * ROWS_PER_USER
+    uid = np.repeat(np.arange(users, dtype=np.int64), ROWS_PER_USER)
+    day0 = np.datetime64(_dt.datetime.combine(START, _dt.time()), "us")
+    lo = (DAYS - ROW_DAYS) * 86_400_000_000
+    ts = day0 + (lo + rng.integers(0, ROW_DAYS * 86_400_000_000, n)).astype("timedelta64[us]")
+    order = np.argsort(ts, kind="stable")      # time order, users interleaved
+    cols: dict[str, Any] = {
+        "sample_id": pa.array(np.arange(n, dtype=np.int64)),
+        "user_id": pa.array(uid[order]),
+        "ts": pa.array(ts[order], pa.timestamp("us")),
+        "label": pa.array((rng.random(n) < 0.05).astype(np.int32)),
+    }
+    for f in FEATURES:
+        cols[f] = pa.array(rng.standard_normal(n).astype(np.float32))
+    return pa.table(cols)
+
+
+def whole_history_store(st, path: str):
+    """Baseline: one value per user holding the whole history (all columns), as Arrow IPC."""
+    from featurelake.seqstore import KeyCodec, RocksDBBackend
+
+    events = st.read(columns=["user_id", "ts", "item_id", "event_type", "dwell", "tags"]).sort_by([("user_id", "ascending"), ("ts", "ascending")])
+    events = events.combine_chunks()
+    backend = RocksDBBackend()
+    codec = KeyCodec("int")
+    w = backend.writer(path + ".sst")
+    keys = events.column("user_id").to_numpy()
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(keys)) + 1, [len(keys)]])
+    body = events.drop_columns(["user_id"]).to_batches()[0] if events.num_rows else None
+    for a, b in zip(starts[:-1], starts[1:]):
+        w.put(codec.prefix(int(keys[a])), body.slice(int(a), int(b - a)).serialize().to_pybytes())
+    size = w.finish()
+    backend.assemble(path, [[path + ".sst"]])
+    return backend.open(path), body.schema, size, codec
+
+
+def table_bytes(t) -> int:
+    return int(t.stats()["bytes"])
+
+
+# ---------------------------------------------------------------- phases
+def storage(lake, st, samples, view_all, cfg, rows: pa.Table) -> dict[str, Any]:
+    """Denormalized copies (time order and grouped by user) vs rows + store."""
+    from featurelake.sequences import join_sequences
+
+    out: dict[str, Any] = {}
+    schema = rows.schema.append(pa.field("hist", view_all.type))
+    for label, order in (("time_ordered", None), ("grouped_by_user", [("user_id", "ascending"), ("ts", "ascending")])):
+        t = lake.create_table(f"bench.denorm_{label}", schema, primary_key="sample_id")
+        data = rows.sort_by(order) if order else rows
+        step = 16_384
+        t0 = time.perf_counter()
+        events = 0
+        for off in range(0, data.num_rows, step):
+            part = join_sequences(data.slice(off, step), {"hist": view_all})
+            events += len(part.column("hist").combine_chunks().values)
+            t.append(part)
+        out[label] = {"bytes": table_bytes(t), "events_copied": events, "write_s": round(time.perf_counter() - t0, 2)}
+        print(f"  denormalized ({label}): {fmt_bytes(out[label]['bytes'])}, {events:,} event copies")
+    return out
+
+
+def bytes_fetched(store, base_reader, base_schema, codec, batches: list[pa.RecordBatch], threads: int) -> dict[str, Any]:
+    """Bytes our lookups fetch per batch vs fetching each unique user's whole history."""
+    ours, whole, t_ours, t_whole = [], [], [], []
+    for b in batches:
+        keys, times = b.column("user_id"), b.column("ts")
+        t0 = time.perf_counter()
+        store.lookup(keys, times, HOT, MAX_LEN, None, threads=threads)
+        t_ours.append(time.perf_counter() - t0)
+        ours.append(store.last_stats["head_bytes"] + store.last_stats["chunk_bytes"])
+        users = np.unique(keys.to_numpy())
+        ks = [codec.prefix(int(u)) for u in users]
+        t0 = time.perf_counter()
+        vals = base_reader.multi_get(ks)
+        # the baseline reader then decodes, projects and truncates each history
+        for v in vals:
+            if v is not None:
+                pa.ipc.read_record_batch(pa.py_buffer(v), base_schema).select(["ts"] + HOT)
+        t_whole.append(time.perf_counter() - t0)
+        whole.append(sum(len(v) for v in vals if v is not None))
+    mo, mw = float(np.mean(ours)), float(np.mean(whole))
+    return {
+        "batch_rows": BATCH,
+        "max_len": MAX_LEN,
+        "columns": HOT,
+        "ours_bytes_per_batch": round(mo),
+        "whole_history_bytes_per_batch": round(mw),
+        "ours_over_whole": ratio(mo, mw),
+        "reduction": round(1 - mo / mw, 4) if mw else None,
+        "ours_s_per_batch": round(float(np.median(t_ours)), 5),
+        "whole_history_fetch_decode_s_per_batch": round(float(np.median(t_whole)), 5),
+    }
+
+
+def throughput(samples, view, cfg, repeat: int) -> dict[str, Any]:
+    cols = ["sample_id", "label"] + FEATURES
+
+    def plain():
+        n = 0
+        for b in samples.batches(columns=cols, batch_size=BATCH):
+            n += b.num_rows
+        return n, 0
+
+    def joined():
+        n = e = 0
+        for b in samples.batches(columns=cols, batch_size=BATCH, sequences={"hist": view}):
+            n += b.num_rows
+            e += len(b.column("hist").values)
+        return n, e
+
+    best = {"plain": float("inf"), "joined": float("inf")}
+    counts = {}
+    for _ in range(repeat):
+        for name, fn in (("plain", plain), ("joined", joined)):
+            t0 = time.perf_counter()
+            counts[name] = fn()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    rows, events = counts["joined"]
+    return {
+        "rows": rows,
+        "events_joined": events,
+        "plain_s": round(best["plain"], 4),
+        "joined_s": round(best["joined"], 4),
+        "plain_rows_per_s": round(rows / best["plain"]),
+        "joined_rows_per_s": round(rows / best["joined"]),
+        "joined_events_per_s": round(events / best["joined"]),
+        "joined_over_plain_throughput": ratio(best["plain"], best["joined"]),
+    }
+
+
+def lookups_vs_floor(store, batches: list[pa.RecordBatch], threads: int, repeat: int, columns=HOT) -> dict[str, Any]:
+    """Lookups/s of full lookups vs raw multi-gets of exactly the keys they fetched."""
+    store.recorder = []
+    for b in batches:
+        store.lookup(b.column("user_id"), b.column("ts"), columns, MAX_LEN, None, threads=threads)
+    recorded = store.recorder
+    store.recorder = None
+    rows = sum(b.num_rows for b in batches)
+    t_look = t_floor = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for b in batches:
+            store.lookup(b.column("user_id"), b.column("ts"), columns, MAX_LEN, None, threads=threads)
+        t_look = min(t_look, time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for keys in recorded:
+            store.multi_get(keys, threads)
+        t_floor = min(t_floor, time.perf_counter() - t0)
+    return {
+        "rows": rows,
+        "keys_fetched": sum(len(k) for k in recorded),
+        "lookups_per_s": round(rows / t_look),
+        "raw_multiget_rows_per_s": round(rows / t_floor),
+        "lookup_over_floor_time": ratio(t_look, t_floor),
+        "threads": threads,
+    }
+
+
+def long_histories(lake, sz: dict[str, int], cfg: Config, threads: int) -> dict[str, Any]:
+    """Same max_len, 2K vs 80K events per user: per-lookup cost and bytes."""
+    from featurelake.synthetic import user_events, user_events_schema
+
+    out: dict[str, Any] = {}
+    stores = {}
+    for label, users, per in (("2k", sz["short_users"], sz["short"]), ("80k", sz["long_users"], sz["long"])):
+        st = lake.create_sequence_table(f"bench.events_{label}", user_events_schema(), key="user_id", time="ts")
+        t0 = time.perf_counter()
+        st.append(user_events(users, per, days=365, start=START, seed=cfg.seed + 3, batch_size=1 << 20,
+                              repeat_rate=REPEAT_RATE))
+        t_append = time.perf_counter() - t0
+        info = st.build(column_groups=GROUPS)
+        stores[label] = (st.open_store(), users)
+        out[label] = {"users": users, "events_per_user": per, "events": info.events, "append_s": round(t_append, 2),
+                      "build_s": info.seconds, "store_bytes": info.store_bytes, "layers": len(info.layers[0])}
+        print(f"  {label}: {info.events:,} events, build {info.seconds:.1f} s, store {fmt_bytes(info.store_bytes)}")
+    rng = np.random.default_rng(cfg.seed + 4)
+    day0 = np.datetime64(_dt.datetime.combine(START, _dt.time()), "us")
+    nb, bs = sz["long_batches"], sz["long_batch"]
+    plan = []
+    for _ in range(nb):
+        before = day0 + (60 * 86_400_000_000 + rng.integers(0, 305 * 86_400_000_000, bs)).astype("timedelta64[us]")
+        plan.append(pa.array(before, pa.timestamp("us")))
+    for label, (store, users) in stores.items():
+        batches = []
+        for before in plan:
+            keys = pa.array(rng.choice(users, size=bs, replace=False).astype(np.int64))
+            batches.append((keys, before))
+        for _, (keys, before) in zip(range(3), batches):  # warm the caches alike
+            store.lookup(keys, before, HOT, MAX_LEN, None, threads=threads)
+        best, best_latest, bytes_, events = float("inf"), float("inf"), 0, 0
+        for _ in range(cfg.repeat + 2):
+            t0 = time.perf_counter()
+            bytes_ = events = 0
+            for keys, before in batches:
+                store.lookup(keys, before, HOT, MAX_LEN, None, threads=threads)
+                bytes_ += store.last_stats["head_bytes"] + store.last_stats["chunk_bytes"]
+                events += store.last_stats["events"]
+            best = min(best, time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            for keys, _ in batches:
+                store.lookup(keys, None, HOT, MAX_LEN, None, threads=threads)
+            best_latest = min(best_latest, time.perf_counter() - t0)
+        n = nb * bs
+        out[label].update({
+            "lookups": n,
+            "us_per_lookup": round(best / n * 1e6, 2),
+            "us_per_lookup_latest": round(best_latest / n * 1e6, 2),
+            "bytes_per_lookup": round(bytes_ / n),
+            "events_per_lookup": round(events / n, 1),
+        })
+    out["cost_80k_over_2k"] = ratio(out["80k"]["us_per_lookup"], out["2k"]["us_per_lookup"])
+    out["cost_80k_over_2k_latest"] = ratio(out["80k"]["us_per_lookup_latest"], out["2k"]["us_per_lookup_latest"])
+    out["bytes_80k_over_2k"] = ratio(out["80k"]["bytes_per_lookup"], out["2k"]["bytes_per_lookup"])
+    return out
+
+
+# -------------------------------------------------------------------- run
+def run(cfg: Config) -> dict[str, Any]:
+    from featurelake import Lake
+    from featurelake.synthetic import user_events, user_events_schema
+
+    sz = sizes(cfg)
+    threads = 4
+    repeat = max(2, cfg.repeat)
+    print(f"sequences: {sz['users']:,} users x {sz['history']} events, {ROWS_PER_USER} rows per user; "
+          f"long histories {sz['short_users']}x{sz['short']} vs {sz['long_users']}x{sz['long']}")
+    result: dict[str, Any] = {"description": __doc__.strip().splitlines()[0], "sizes": sz}
+    with work_dir(NAME, cfg.keep) as wd:
+        lake = Lake(wd / "lake")
+        t0 = time.perf_counter()
+        # the event log, as it arrives (time order) and as a sequence table (sorted by user, time per file)
+        log = list(user_events(sz["users"], sz["history"], days=DAYS, start=START, seed=cfg.seed, batch_size=1 << 20,
+                               repeat_rate=REPEAT_RATE))
+        st = lake.create_sequence_table("bench.events", user_events_schema(), key="user_id", time="ts")
+        st.append(iter(log))
+        # the same log as it arrives (time order, ids in arrival order), in the same 1M-row files
+        raw = lake.create_table("bench.events_arrival_order", st.schema, primary_key="event_id")
+        first = 0
+        arrival = []
+        for b in log:
+            arrival.append(b.append_column("event_id", pa.array(np.arange(first, first + b.num_rows, dtype=np.int64))))
+            first += b.num_rows
+        raw.append(iter(arrival))
+        del log, arrival
+        info = st.build(column_groups=GROUPS)
+        single = st.build(column_groups=[HOT + ["dwell", "tags"]], force=True)
+        print(f"  events: {info.events:,} in {time.perf_counter() - t0:.1f} s; build {info.seconds:.1f} s "
+              f"(store {fmt_bytes(info.store_bytes)}); single-group build {single.seconds:.1f} s")
+
+        rows = training_rows(sz["users"], cfg.seed)
+        samples = lake.create_table("bench.samples", rows.schema, primary_key="sample_id")
+        samples.append(rows)
+        grouped = lake.create_table("bench.samples_grouped", rows.schema, primary_key="sample_id")
+        grouped.append(rows.sort_by([("user_id", "ascending"), ("ts", "ascending")]))
+        store = st.open_store(build=info.build_id)
+        view_all = st.view(key="user_id", time="ts", columns=None, max_len=MAX_LEN, build=info.build_id, threads=threads)
+        view_hot = st.view(key="user_id", time="ts", columns=HOT, max_len=MAX_LEN, build=info.build_id, threads=threads)
+
+        # 1. storage
+        denorm = storage(lake, st, samples, view_all, cfg, rows)
+        normalized = table_bytes(samples) + info.store_bytes
+        events_sorted, events_arrival = table_bytes(st), table_bytes(raw)
+        storage_result = {
+            "samples_bytes": table_bytes(samples),
+            "store_bytes": info.store_bytes,
+            "normalized_bytes": normalized,
+            "event_table_bytes_sorted": events_sorted,
+            "event_table_bytes_arrival_order": events_arrival,
+            "event_table_sort_gain": ratio(events_arrival, events_sorted),
+            "samples_bytes_grouped_by_user": table_bytes(grouped),
+            "samples_sort_gain": ratio(table_bytes(samples), table_bytes(grouped)),
+            "denormalized": denorm,
+            "denormalized_over_normalized": ratio(denorm["time_ordered"]["bytes"], normalized),
+            "denormalized_grouped_over_normalized": ratio(denorm["grouped_by_user"]["bytes"], normalized),
+            "denormalized_over_normalized_incl_event_table": ratio(denorm["time_ordered"]["bytes"], normalized + events_sorted),
+            "denormalized_sort_gain": ratio(denorm["time_ordered"]["bytes"], denorm["grouped_by_user"]["bytes"]),
+        }
+        result["storage"] = storage_result
+        print(f"  storage: normalized {fmt_bytes(normalized)} vs denormalized {fmt_bytes(denorm['time_ordered']['bytes'])} "
+              f"= {storage_result['denormalized_over_normalized']}x; sort gains: events {storage_result['event_table_sort_gain']}x, "
+              f"denormalized rows {storage_result['denormalized_sort_gain']}x, sample rows {storage_result['samples_sort_gain']}x")
+
+        # 2. bytes fetched
+        batches = [b for b in rows.to_batches(max_chunksize=BATCH) if b.num_rows == BATCH][:8]
+        base_reader, base_schema, base_size, codec = whole_history_store(st, str(wd / "whole"))
+        fetched = bytes_fetched(store, base_reader, base_schema, codec, batches, threads)
+        fetched["single_group_bytes_per_batch"] = bytes_fetched(
+            st.open_store(build=single.build_id), base_reader, base_schema, codec, batches, threads
+        )["ours_bytes_per_batch"]
+        fetched["single_group_over_whole"] = ratio(fetched["single_group_bytes_per_batch"], fetched["whole_history_bytes_per_batch"])
+        fetched["whole_history_store_bytes"] = base_size
+        result["bytes_fetched"] = fetched
+        print(f"  bytes/batch: ours {fmt_bytes(fetched['ours_bytes_per_batch'])} (single group "
+              f"{fmt_bytes(fetched['single_group_bytes_per_batch'])}) vs whole histories {fmt_bytes(fetched['whole_history_bytes_per_batch'])}")
+
+        # 3. throughput
+        tp = throughput(samples, view_hot, cfg, repeat)
+        tp["lookups_vs_floor"] = lookups_vs_floor(store, batches, threads, repeat)
+        tp["lookups_vs_floor_one_thread"] = lookups_vs_floor(store, batches, 1, repeat)
+        result["throughput"] = tp
+        print(f"  throughput: joined {tp['joined_rows_per_s']:,} rows/s ({tp['joined_events_per_s']:,} events/s) vs plain "
+              f"{tp['plain_rows_per_s']:,} rows/s; lookups {tp['lookups_vs_floor']['lookups_per_s']:,}/s vs raw multi-get "
+              f"{tp['lookups_vs_floor']['raw_multiget_rows_per_s']:,}/s")
+
+        # 4. long histories
+        result["long_histories"] = long_histories(lake, sz, cfg, threads)
+        lh = result["long_histories"]
+        print(f"  long histories: {lh['2k']['us_per_lookup']} us vs {lh['80k']['us_per_lookup']} us per lookup = {lh['cost_80k_over_2k']}x")
+
+        goals = [
+            goal("storage: denormalized (last 256 events per row) / normalized (rows + store)",
+                 storage_result["denormalized_over_normalized"], GOAL_STORAGE),
+            goal("bytes fetched per batch: ours / whole histories (Meta: ~0.67)", fetched["ours_over_whole"], GOAL_BYTES,
+                 higher_is_better=False),
+            goal("lookup cost, same max_len: 80K / 2K events per user", lh["cost_80k_over_2k"], GOAL_LONG, higher_is_better=False),
+        ]
+        result["goals"] = goals
+        if cfg.profile:
+            _, top, _text = profile_call(lambda: [store.lookup(b.column("user_id"), b.column("ts"), HOT, MAX_LEN, None, threads=1)
+                                                   for b in batches])
+            result["profile_lookup"] = top
+        result["peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
+        result["seconds"] = round(time.perf_counter() - t0, 1)
+        result["notes"] = [
+            "normalized = training rows table + the sequence store's SST files (RocksDB, lz4); the event table is the "
+            "source of truth and is reported separately (incl_event_table ratio)",
+            "denormalized rows carry the last 256 events before their own time with all event attributes",
+            "bytes fetched count values returned by the store (heads + chunks) for 4096-row batches; the baseline "
+            "fetches each unique user's whole history once per batch",
+            f"throughput and lookups use {threads} threads and hot/cold column groups {GROUPS}; projection {HOT}",
+            "long histories: batches of distinct users, `before` uniform over days 60..365 of a one-year history",
+        ]
+    print_goals(goals)
+    path = write_result(NAME, cfg, result)
+    print(f"  wrote {path}")
+    return result
