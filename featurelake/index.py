@@ -145,26 +145,29 @@ def lookup(io: FileIO, segments: Sequence[dict], probe: np.ndarray, live: set[st
     sorted_probe = probe[order]
     rows, file_ids, positions = [], [], []
     names: list[str] = []
-    lo_key, hi_key = (sorted_probe[0], sorted_probe[-1]) if len(probe) else (0, -1)
     for seg_dict in segments:
         seg = Segment.of(seg_dict)
-        if seg.max < lo_key or seg.min > hi_key:
+        # Only the probes inside the segment's key range go to it: appends of key ranges
+        # (sample ids grow) give disjoint segments, so each probe is searched about once.
+        a = np.searchsorted(sorted_probe, seg.min, side="left")
+        b = np.searchsorted(sorted_probe, seg.max, side="right")
+        if a >= b:
             continue
+        keys, probe_order = sorted_probe[a:b], order[a:b]
         loaded = _load(io, seg.path)
+        start = np.searchsorted(loaded.k, keys, side="left")
         if seg.exact:  # unique keys: a hit is the one key at the insertion point
-            start = np.searchsorted(loaded.k, sorted_probe, side="left")
-            at = np.minimum(start, len(loaded.k) - 1)
-            counts = ((start < len(loaded.k)) & (loaded.k[at] == sorted_probe)).astype(np.int64)
+            hit = loaded.k[start] == keys  # keys lie within [min, max], so start is in range
+            idx, hit_rows = start[hit], probe_order[hit]
         else:  # hashed keys may collide: every equal key is a candidate
-            start = np.searchsorted(loaded.k, sorted_probe, side="left")
-            counts = np.searchsorted(loaded.k, sorted_probe, side="right") - start
-        hit = counts > 0
-        if not hit.any():
+            counts = np.searchsorted(loaded.k, keys, side="right") - start
+            hit = counts > 0
+            counts = counts[hit]
+            firsts = np.cumsum(counts) - counts
+            idx = np.repeat(start[hit] - firsts, counts) + np.arange(counts.sum())
+            hit_rows = np.repeat(probe_order[hit], counts)
+        if not len(idx):
             continue
-        counts = counts[hit]
-        starts = start[hit]
-        firsts = np.cumsum(counts) - counts
-        idx = np.repeat(starts - firsts, counts) + np.arange(counts.sum())
         seg_files = loaded.f[idx]
         live_mask = np.fromiter((path in live for path in loaded.files), dtype=bool, count=len(loaded.files))
         keep = live_mask[seg_files]
@@ -172,7 +175,7 @@ def lookup(io: FileIO, segments: Sequence[dict], probe: np.ndarray, live: set[st
             continue
         remap = np.cumsum(live_mask) - 1 + len(names)
         names.extend(path for path, ok in zip(loaded.files, live_mask) if ok)
-        rows.append(np.repeat(order[hit], counts)[keep])
+        rows.append(hit_rows[keep])
         file_ids.append(remap[seg_files[keep]].astype(np.int32))
         positions.append(loaded.p[idx][keep])
     if not rows:

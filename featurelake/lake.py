@@ -18,7 +18,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
 
 from featurelake.errors import InvalidNameError, TableExistsError, TableNotFoundError
-from featurelake.schema import build_partition_spec, iceberg_schema_from_arrow, table_properties
+from featurelake.schema import build_partition_spec, build_sort_order, iceberg_schema_from_arrow, table_properties
 
 if TYPE_CHECKING:
     from featurelake.table import Table
@@ -95,12 +95,16 @@ class Lake:
         primary_key: str | Sequence[str],
         partition_by: Sequence[str] = (),
         properties: dict[str, str] | None = None,
+        sort_by: Sequence[str] = (),
     ) -> "Table":
         """Create a sample table; the primary key becomes Iceberg identifier fields.
 
         ``partition_by`` takes transforms such as ``day(ts)``,
-        ``bucket(16, user_id)`` or ``identity(region)``. Tables get slim
-        metadata: column statistics only for key and partition source columns.
+        ``bucket(16, user_id)`` or ``identity(region)``. ``sort_by`` (e.g.
+        ``["user_id", "ts"]``) is the Iceberg sort order every write and
+        compaction keeps, so similar rows sit together and compress better.
+        Tables get slim metadata: column statistics only for key and
+        partition source columns.
         """
         from featurelake.table import Table
 
@@ -115,7 +119,9 @@ class Lake:
         except NamespaceAlreadyExistsError:
             pass
         try:
-            ice = self.catalog.create_table(name, schema=ice_schema, partition_spec=spec, properties=props)
+            order = build_sort_order(ice_schema, sort_by)
+            extra = {"sort_order": order} if order is not None else {}
+            ice = self.catalog.create_table(name, schema=ice_schema, partition_spec=spec, properties=props, **extra)
         except TableAlreadyExistsError as e:
             raise TableExistsError(f"table {name!r} already exists") from e
         return Table(self, name, ice)

@@ -110,6 +110,29 @@ def build_partition_spec(schema: Schema, partition_by: Sequence[str]) -> Partiti
     return PartitionSpec(*fields)
 
 
+def build_sort_order(schema: Schema, sort_by: Sequence[str]):
+    """A SortOrder from column names (ascending; prefix ``-`` for descending), nulls first."""
+    from pyiceberg.table.sorting import NullOrder, SortDirection, SortField, SortOrder
+
+    fields = []
+    for name in sort_by:
+        desc = name.startswith("-")
+        column = name[1:] if desc else name
+        try:
+            source = schema.find_field(column)
+        except ValueError as e:
+            raise SchemaMismatchError(f"sort column {column!r} is not in the schema", [column]) from e
+        fields.append(
+            SortField(
+                source_id=source.field_id,
+                transform=IdentityTransform(),
+                direction=SortDirection.DESC if desc else SortDirection.ASC,
+                null_order=NullOrder.NULLS_FIRST,
+            )
+        )
+    return SortOrder(*fields) if fields else None
+
+
 def table_properties(schema: Schema, primary_key: Sequence[str], spec: PartitionSpec) -> dict[str, str]:
     """Defaults for sample tables: slim metadata, merged manifests, pruned metadata files.
 

@@ -245,3 +245,20 @@ def test_random_operations_never_lose_a_retained_snapshot(tmp_path, seed):
         for sid, rows in expected.items():
             if meta.snapshot_by_id(sid) is not None:  # retained: must read exactly as before
                 assert sorted_rows(t.read(snapshot_id=sid)).equals(rows), (op, sid)
+
+
+def test_declared_sort_order_is_kept_by_writes_and_compaction(lake):
+    import pyarrow.parquet as pq
+
+    t = lake.create_table("ml.sorted", impressions_schema(), primary_key=KEY, partition_by=["day(ts)"], sort_by=["user_id", "-ts"])
+    for seed in range(3):
+        t.append(day(0, 200, seed=seed).set_column(0, KEY, pa.array(range(seed * 1000, seed * 1000 + 200), pa.int64())))
+    t.backfill(pa.table({KEY: pa.array([0, 1000], pa.int64()), "click": pa.array([1, 1], pa.int32())}))
+    expected = sorted_rows(t.read())
+    report = t.compact()
+    assert report.files_in == 3 and report.files_out == 1
+    path = local(t.scan().tasks()[0].file.file_path)
+    written = pq.read_table(path, columns=["user_id", "ts"]).to_pylist()
+    assert written == sorted(written, key=lambda r: (r["user_id"], -r["ts"].timestamp()))
+    assert sorted_rows(t.read()).equals(expected)
+    assert t.verify_index()["ok"]
