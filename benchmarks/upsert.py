@@ -25,7 +25,7 @@ import pyarrow as pa
 from benchmarks.common import Config, Timing, fmt_s, goal, print_goals, ratio, work_dir, write_result
 
 NAME = "upsert"
-DEFAULT_REPEAT = 2
+DEFAULT_REPEAT = 5
 BATCH = 100_000
 CHUNK = 1_000_000
 T0 = datetime(2026, 1, 1)

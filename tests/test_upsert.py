@@ -191,3 +191,32 @@ def test_concurrent_upserting_processes(tmp_path):
             for i in range(10):
                 assert by_id[1000 + w * 100 + r * 10 + i][f"w{w}"] == float(r)
     assert t.verify_index()["ok"]
+
+
+@pytest.mark.parametrize("layout", ["dense", "gaps", "clustered"])
+def test_index_positions_match_binary_search(layout):
+    from featurelake.index import Segment, _positions
+
+    rng = np.random.default_rng(3)
+    if layout == "dense":
+        k = np.arange(10_000, 60_000, dtype=np.int64)
+    elif layout == "gaps":
+        k = np.unique(rng.integers(0, 10**9, 50_000)).astype(np.int64)
+    else:
+        k = np.unique(np.concatenate([rng.integers(0, 1000, 20_000), rng.integers(10**12, 10**12 + 5000, 4000)])).astype(np.int64)
+    seg = Segment("x", len(k), int(k[0]), int(k[-1]), True)
+    present = np.sort(rng.choice(k, 3000, replace=False))
+    absent = np.sort(rng.integers(k[0], k[-1], 3000))
+    for keys in (present, absent):
+        assert np.array_equal(_positions(k, keys, seg), np.searchsorted(k, keys)), layout
+
+
+def test_lookups_in_a_table_with_sparse_keys(lake):
+    t = lake.create_table("ml.sparse", SCHEMA, primary_key=KEY)
+    ids = np.unique(np.random.default_rng(5).integers(0, 10**12, 5000)).astype(np.int64)
+    t.append(pa.table({KEY: ids, "ts": [T0] * len(ids), "x": np.zeros(len(ids)), "label": np.zeros(len(ids), np.int32)}, schema=SCHEMA))
+    pick = ids[::7]
+    t.upsert(pa.table({KEY: pick, "label": pa.array(np.ones(len(pick), np.int32))}))
+    assert t.last_update_report.rows_updated == len(pick) and t.last_update_report.rows_inserted == 0
+    assert sorted(t.read(columns=[KEY], filter="label = 1")[KEY].to_pylist()) == sorted(pick.tolist())
+    assert t.verify_index()["ok"]
