@@ -22,6 +22,7 @@ from benchmarks.common import (
     QUICK_ROWS,
     RESULTS_DIR,
     Config,
+    git_info,
 )
 
 REGISTRY: dict[str, str] = {
@@ -70,6 +71,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[list[str], Config]:
 
 def main(argv: list[str] | None = None) -> int:
     names, cfg = parse_args(argv)
+    # The engine is imported once, by the first benchmark: that is the revision every result measures.
+    cfg = dataclasses.replace(cfg, git_at_start=git_info())
     failed = []
     for name in names:
         t0 = time.perf_counter()

@@ -52,6 +52,7 @@ class Config:
     out: Path = RESULTS_DIR
     seed: int = 42
     load_at_start: list[float] | None = None  # 1/5/15-minute load averages when the benchmark began
+    git_at_start: dict[str, Any] | None = None  # engine revision when the benchmark began (its code is imported then)
 
     @property
     def result_suffix(self) -> str:
@@ -75,7 +76,7 @@ class Config:
             load = [round(x, 2) for x in os.getloadavg()]
         except (OSError, AttributeError):  # pragma: no cover
             load = None
-        return dataclasses.replace(self, load_at_start=load)
+        return dataclasses.replace(self, load_at_start=load, git_at_start=self.git_at_start or git_info())
 
 
 # ------------------------------------------------------------- machine info
@@ -106,7 +107,7 @@ def machine_info() -> dict[str, Any]:
         info["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     except (ValueError, OSError, AttributeError):  # pragma: no cover
         pass
-    info.update(_git_info())
+    info.update(git_info())
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -118,7 +119,7 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
-def _git_info() -> dict[str, Any]:
+def git_info() -> dict[str, Any]:
     """The engine revision measured (read-only git queries; empty outside a checkout)."""
     import subprocess
 
@@ -151,8 +152,18 @@ class Timing:
     def median(self) -> float:
         return statistics.median(self.times)
 
+    @property
+    def spread(self) -> float:
+        """Slowest / fastest run: how noisy the machine was while this was measured."""
+        return max(self.times) / min(self.times) if min(self.times) > 0 else float("inf")
+
     def as_dict(self) -> dict[str, Any]:
-        return {"best_s": round(self.best, 6), "median_s": round(self.median, 6), "runs_s": [round(t, 6) for t in self.times]}
+        return {
+            "best_s": round(self.best, 6),
+            "median_s": round(self.median, 6),
+            "spread": round(self.spread, 3),
+            "runs_s": [round(t, 6) for t in self.times],
+        }
 
 
 def timed(fn: Callable[[], Any], timing: Timing | None = None) -> tuple[float, Any]:
@@ -168,6 +179,17 @@ def timed(fn: Callable[[], Any], timing: Timing | None = None) -> tuple[float, A
 
 def ratio(a: float, b: float) -> float | None:
     return round(a / b, 4) if b else None
+
+
+def paired_ratio(num: Timing, den: Timing) -> float | None:
+    """Median over repetitions of num[i] / den[i].
+
+    Both were measured back to back in the same repetition, so load that
+    drifts on a shared machine cancels out within each pair; the median drops
+    the pairs a burst of load hit. Used for the goal verdicts.
+    """
+    pairs = [a / b for a, b in zip(num.times, den.times) if b > 0]
+    return round(statistics.median(pairs), 4) if pairs else None
 
 
 def goal(name: str, measured: float | None, target: float, higher_is_better: bool = True, unit: str = "x") -> dict[str, Any]:
@@ -300,6 +322,12 @@ def write_result(name: str, cfg: Config, result: dict[str, Any]) -> Path:
     machine = machine_info()
     if cfg.load_at_start is not None:
         machine["load_avg_at_start"] = cfg.load_at_start
+    if cfg.git_at_start:
+        # the revision measured is the one imported at the start; record the end too when it moved
+        end = {k: machine.pop(k) for k in ("git_head", "engine_uncommitted_files") if k in machine}
+        machine.update(cfg.git_at_start)
+        if end and end != cfg.git_at_start:
+            machine["git_at_end"] = end
     payload = {"benchmark": name, "machine": machine, "config": cfg.as_dict(), **result}
     path.write_text(json.dumps(payload, indent=2, default=_json_default) + "\n")
     return path
