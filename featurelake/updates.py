@@ -178,8 +178,11 @@ def write_update_file(ice: IcebergTable, path: str, values: pa.Table, target: pa
         fields.append(f.with_nullable(True))
     out_table = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
     codec = ice.metadata.properties.get("write.parquet.compression-codec", "zstd")
+    # Feature values are mostly distinct floats: a dictionary only adds bytes (measured: 714 KB
+    # instead of 463 KB for 125k float32 values), so dictionaries are kept for the other columns.
+    dictionary = [f.name for f in out_table.schema if not pa.types.is_floating(f.type)]
     with ice.io.new_output(path).create(overwrite=False) as out:
-        pq.write_table(out_table, out, compression=codec, write_statistics=False)
+        pq.write_table(out_table, out, compression=codec, write_statistics=False, use_dictionary=dictionary)
     return len(ice.io.new_input(path))
 
 

@@ -461,6 +461,15 @@ COLUMN_LABELS.update({"table_events": "in table", "store_events": "in store", "n
                       "store_bytes": "store"})
 
 
+# -- labels arriving later, upserted by key (platform_defs/demo_upsert.py) ------------------
+@summary_section("late labels")
+def _late_labels_section(lake, context: dict) -> Optional[dict]:
+    """A conversion label for one sample in twenty, arriving two weeks late, upserted by key."""
+    from platform_defs.demo_upsert import run_late_labels
+
+    return run_late_labels(lake)
+
+
 # -- research branches, training targets, storage per branch (platform_defs/demo_research.py) --
 @summary_section("research")
 def _research_section(lake, context: dict) -> Optional[dict]:

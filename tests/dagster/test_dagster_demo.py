@@ -27,6 +27,10 @@ def test_run_demo_smoke(tmp_path, monkeypatch):
     assert set(timings["per_asset_seconds"]) == {"raw_impressions", "samples", "labels"}
     assert timings["total_seconds"] > 0
 
+    late = summary["late labels"]  # labels arriving later, upserted by key
+    assert late["rows_updated"] == late["labels_arrived"] == 30 and late["rows_inserted"] == 0
+    assert late["data_files_unchanged"] and late["labels_read_back"] and late["partition_kept"] and late["index_ok"]
+
     labels = summary["labels"]
     assert labels["rows_labelled"] == 600
     assert labels["landed_positives"] > 0
@@ -67,9 +71,9 @@ def test_run_demo_smoke(tmp_path, monkeypatch):
     maint = summary["maintenance"]
     assert "ml.samples|main" in maint["requested"] and maint["compacted"] == "ml.samples|main"
     # main's update files when maintenance starts: one per data file for the labels, one per data
-    # file for the research feature merged into main
+    # file for the research feature merged into main, and the late labels' own
     main_updates = summary["storage"]["main"]["update_files"]
-    assert main_updates == 2 * labels["table_update_files"]
+    assert main_updates == 2 * labels["table_update_files"] + late["update_files"]
     assert maint["requested_again"] == 0 and maint["update_files_folded"] == main_updates
     grid = maint["compaction ml.samples|main"]
     assert grid["before"]["update_files"] == main_updates and grid["after"]["update_files"] == 0
