@@ -25,28 +25,26 @@ def _check_new_name(table: "Table", name: str) -> None:
         raise InvalidNameError(f"{table.name} already has a branch or tag named {name!r}")
 
 
-def create_branch(table: "Table", name: str, from_ref: str | int = refs.MAIN) -> int:
-    """Create branch ``name`` at ``from_ref`` (branch, tag or snapshot id); returns its snapshot id."""
-    ice = table.refresh()
-    _check_new_name(table, name)
-    snapshot = refs.resolve(ice.metadata, from_ref)
-    if snapshot is None:
-        raise FeatureLakeError(f"{table.name}@{from_ref} has no snapshot yet: append data before branching")
-    ice.manage_snapshots().create_branch(snapshot.snapshot_id, name).commit()
-    table.refresh()
-    return snapshot.snapshot_id
-
-
-def create_tag(table: "Table", name: str, ref: str | int = refs.MAIN) -> int:
-    """Tag the snapshot ``ref`` points at (an immutable name for a training set)."""
+def _create_ref(table: "Table", name: str, ref: str | int, kind: SnapshotRefType) -> int:
     ice = table.refresh()
     _check_new_name(table, name)
     snapshot = refs.resolve(ice.metadata, ref)
     if snapshot is None:
-        raise FeatureLakeError(f"{table.name}@{ref} has no snapshot to tag")
-    ice.manage_snapshots().create_tag(snapshot.snapshot_id, name).commit()
+        raise FeatureLakeError(f"{table.name}@{ref} has no snapshot yet: append data before creating a {kind.value}")
+    ms = ice.manage_snapshots()
+    (ms.create_branch if kind == SnapshotRefType.BRANCH else ms.create_tag)(snapshot.snapshot_id, name).commit()
     table.refresh()
     return snapshot.snapshot_id
+
+
+def create_branch(table: "Table", name: str, from_ref: str | int = refs.MAIN) -> int:
+    """Create branch ``name`` at ``from_ref`` (branch, tag or snapshot id); returns its snapshot id."""
+    return _create_ref(table, name, from_ref, SnapshotRefType.BRANCH)
+
+
+def create_tag(table: "Table", name: str, ref: str | int = refs.MAIN) -> int:
+    """Tag the snapshot ``ref`` points at (an immutable name for a training set)."""
+    return _create_ref(table, name, ref, SnapshotRefType.TAG)
 
 
 def list_branches(table: "Table") -> dict[str, int]:

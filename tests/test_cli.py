@@ -20,24 +20,12 @@ from featurelake.cli import app
 from featurelake.synthetic import impressions_table
 from featurelake.table import Table
 
+from cli_fixtures import _clean_env, home  # noqa: F401  (pytest fixtures)
+
 TABLE = "ml.samples"
 runner = CliRunner()
 
 
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    for var in ("FEATURELAKE_CATALOG_URI", "FEATURELAKE_WAREHOUSE", "FEATURELAKE_HOME"):
-        monkeypatch.delenv(var, raising=False)
-
-
-@pytest.fixture
-def home(tmp_path) -> Path:
-    home = tmp_path / "lake"
-    data = impressions_table(200, days=2)
-    lake = Lake(home)
-    t = lake.create_table(TABLE, data.schema, primary_key="sample_id", partition_by=["day(ts)"])
-    t.append(data)
-    return home
 
 
 def table(home: Path):
