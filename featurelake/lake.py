@@ -202,10 +202,40 @@ class Lake:
 
 def _sql_catalog(uri: str, warehouse: str, **properties: str) -> Catalog:
     from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.table import Table as IcebergTable
+
+    from featurelake.state import _LRU
+
+    parsed = _LRU(64)
+
+    class CachingSqlCatalog(SqlCatalog):
+        """A SqlCatalog that parses each metadata file once.
+
+        Every read and commit loads the table; pyiceberg parses the whole
+        metadata JSON each time, and that grows with the schema history (a
+        wide table after 60 new-column backfills: 500 KB, ~100 ms a load).
+        A metadata file never changes once written, so its parse is cached
+        by location; the catalog row is still read every time.
+        """
+
+        def _convert_orm_to_iceberg(self, orm_table):  # type: ignore[override]
+            location = orm_table.metadata_location
+            metadata = parsed.get(location) if location else None
+            if metadata is None:
+                table = super()._convert_orm_to_iceberg(orm_table)
+                parsed.put(table.metadata_location, table.metadata)
+                return table
+            return IcebergTable(
+                identifier=Catalog.identifier_to_tuple(orm_table.table_namespace) + (orm_table.table_name,),
+                metadata=metadata,
+                metadata_location=location,
+                io=self._load_file_io(metadata.properties, location),
+                catalog=self,
+            )
 
     props = {"uri": uri, "warehouse": warehouse}
     if uri.startswith("sqlite"):
         # One lake home is shared by the Dagster webserver, runs and notebooks.
         props.setdefault("pool_pre_ping", "true")
     props.update(properties)
-    return SqlCatalog(CATALOG_NAME, **props)
+    return CachingSqlCatalog(CATALOG_NAME, **props)
