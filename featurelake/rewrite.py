@@ -96,13 +96,13 @@ def sort_rows(meta, rows: pa.Table) -> pa.Table:
 
     order = meta.sort_order()
     keys = []
-    for field in order.fields:
-        if not isinstance(field.transform, IdentityTransform):
+    for sort_field in order.fields:
+        if not isinstance(sort_field.transform, IdentityTransform):
             continue
-        name = meta.schema().find_column_name(field.source_id)
+        name = meta.schema().find_column_name(sort_field.source_id)
         if name in rows.column_names:
-            direction = "descending" if field.direction.value == "desc" else "ascending"
-            keys.append((name, direction, "at_start" if field.null_order.value == "nulls-first" else "at_end"))
+            direction = "descending" if sort_field.direction.value == "desc" else "ascending"
+            keys.append((name, direction, "at_start" if sort_field.null_order.value == "nulls-first" else "at_end"))
     if not keys or rows.num_rows < 2:
         return rows
     return rows.take(pc.sort_indices(rows, sort_keys=keys))

@@ -24,7 +24,7 @@ from pyiceberg.transforms import (
     TruncateTransform,
     YearTransform,
 )
-from pyiceberg.types import NestedField, StringType
+from pyiceberg.types import StringType
 
 from featurelake.errors import InvalidNameError, SchemaMismatchError
 

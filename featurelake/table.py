@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, Not
+from pyiceberg.expressions import BooleanExpression
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
 from featurelake import refs
 from featurelake.commit import cleanup_on_failure, optimistic
-from featurelake.errors import DuplicateKeyError, FeatureLakeError, SchemaMismatchError
+from featurelake.errors import DuplicateKeyError, SchemaMismatchError
 from featurelake import index
 from featurelake.index import read_key_columns
 from featurelake.keys import check_keys, find, found_keys

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot

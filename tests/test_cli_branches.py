@@ -8,7 +8,6 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import pytest
 from typer.testing import CliRunner
 
 from featurelake import Lake

@@ -133,7 +133,7 @@ def read_cmd(
     where = f"{table}@{branch}" if snapshot is None else f"{table}@snapshot {snapshot}"
     out = _out()
     _print_rows(out, rows, data.schema.names, title=where)
-    note = f"{len(rows)} row(s)" + (f"; more match (use --limit N, 0 for all)" if more else "")
+    note = f"{len(rows)} row(s)" + ("; more match (use --limit N, 0 for all)" if more else "")
     out.print(Text(note, style="dim"))
 
 
