@@ -185,6 +185,19 @@ def open_sequence_table(lake: "Lake", name: str) -> "SequenceTable":
 
 
 # ============================================================ the table
+_CONTENT_PRESERVING = {"compact", "index rebuild"}
+
+
+def _keeps_events(snapshot) -> bool:
+    """Whether a snapshot only rewrote files (compaction, index rebuild, Iceberg 'replace')."""
+    summary = snapshot.summary
+    if summary is None:
+        return False
+    if summary.get("featurelake.operation") in _CONTENT_PRESERVING:
+        return True
+    return summary.operation.value == "replace"
+
+
 class SequenceTable(Table):
     """An event table plus its serving store (see the module docstring)."""
 
@@ -319,9 +332,14 @@ class SequenceTable(Table):
         snap = refs.resolve(ice.metadata, branch, snapshot_id)
         if snap is None:
             raise SequenceBuildError(f"{self.name}@{branch} has no events yet: append events and build first")
-        matching = [b for b in all_builds if b.snapshot_id == snap.snapshot_id]
-        if matching:
-            return matching[-1]
+        # A compaction or an index rebuild changes files, not events: a build of the snapshot
+        # before it still serves (so maintenance never takes the store away from training reads).
+        for candidate in refs.ancestors(ice.metadata, snap):
+            matching = [b for b in all_builds if b.snapshot_id == candidate.snapshot_id]
+            if matching:
+                return matching[-1]
+            if not _keeps_events(candidate):
+                break
         where = f"snapshot {snapshot_id}" if snapshot_id is not None else f"{branch} (snapshot {snap.snapshot_id})"
         latest = f"; the latest build reflects snapshot {all_builds[-1].snapshot_id}" if all_builds else "; there are no builds yet"
         raise SequenceBuildError(

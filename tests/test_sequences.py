@@ -395,3 +395,20 @@ def test_cli_seq_commands(lake):
     assert res.exit_code == 1
     res = runner.invoke(app, ["--home", home, "seq", "stats", "ml.events"])
     assert res.exit_code == 0 and "builds" in res.output.lower()
+
+
+def test_compaction_keeps_the_build_in_service(lake):
+    st = make_events(lake)
+    for seed in (41, 42, 43):  # three appends: three small files per day to compact
+        st.append(events_with_ties(10, 20, seed=seed, first_user=seed * 100))
+    built = st.build()
+    far = T0 + dt.timedelta(days=30)
+    keys = [4100, 4200, 4300, 7]
+    before = st.lookup(keys, before=far, columns=["item_id"])
+    report = st.compact()
+    assert not report.skipped and st.branches()["main"] != built.snapshot_id
+    assert st.build_for("main").build_id == built.build_id  # same events: the build still serves
+    assert st.lookup(keys, before=far, columns=["item_id"]) == before
+    st.append(events_with_ties(2, 5, seed=44, first_user=9000))  # new events: a new build is needed
+    with pytest.raises(SequenceBuildError):
+        st.build_for("main")
