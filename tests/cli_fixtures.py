@@ -1,14 +1,18 @@
-"""Fixtures shared by the CLI tests: a clean environment and a small lake with ml.samples."""
+"""Shared by the CLI tests: a clean environment, a small lake with ml.samples, and invoke helpers."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from featurelake import Lake
+from featurelake.cli import app
 from featurelake.synthetic import impressions_table
+from featurelake.table import Table
 
 TABLE = "ml.samples"
+runner = CliRunner()
 
 
 @pytest.fixture(autouse=True)
@@ -25,3 +29,26 @@ def home(tmp_path) -> Path:
     t = lake.create_table(TABLE, data.schema, primary_key="sample_id", partition_by=["day(ts)"])
     t.append(data)
     return home
+
+
+def table(home: Path) -> Table:
+    return Lake(home).table(TABLE)
+
+
+def cli(home: Path, *args: str, json_out: bool = False):
+    argv = ["--home", str(home)] + (["--json"] if json_out else []) + list(args)
+    return runner.invoke(app, argv)
+
+
+def ok(result) -> str:
+    assert result.exit_code == 0, (result.exit_code, result.output, result.exception)
+    return result.stdout
+
+
+def failed(result) -> str:
+    """A clean failure: exit 1, one red line on stderr, no traceback."""
+    assert result.exit_code == 1, (result.exit_code, result.output, result.exception)
+    assert "Traceback" not in result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error"), result.stderr
+    return lines[0]

@@ -13,42 +13,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from typer.testing import CliRunner
 
 from featurelake import Lake
 from featurelake.cli import app
 from featurelake.synthetic import impressions_table
 from featurelake.table import Table
 
-from cli_fixtures import _clean_env, home  # noqa: F401  (pytest fixtures)
+from cli_fixtures import _clean_env, cli, failed, home, ok, runner, table  # noqa: F401  (fixtures and helpers)
 
 TABLE = "ml.samples"
-runner = CliRunner()
-
-
-
-
-def table(home: Path):
-    return Lake(home).table(TABLE)
-
-
-def cli(home: Path, *args: str, json_out: bool = False):
-    argv = ["--home", str(home)] + (["--json"] if json_out else []) + list(args)
-    return runner.invoke(app, argv)
-
-
-def ok(result) -> str:
-    assert result.exit_code == 0, (result.exit_code, result.output, result.exception)
-    return result.stdout
-
-
-def failed(result) -> str:
-    """A clean failure: exit 1, one red line on stderr, no traceback."""
-    assert result.exit_code == 1, (result.exit_code, result.output)
-    assert "Traceback" not in result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error"), result.stderr
-    return lines[0]
 
 
 def new_rows(n: int = 30, offset: int = 10**12) -> pa.Table:
