@@ -19,6 +19,7 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table as IcebergTable
 
 from featurelake.errors import CommitConflictError
+from featurelake.guard import delete_quietly_io, recording
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -66,11 +67,7 @@ def optimistic(load: Callable[[], IcebergTable], attempt: Callable[[IcebergTable
 
 def delete_quietly(ice: IcebergTable, paths: Iterable[str]) -> None:
     """Best-effort removal of files no commit references (garbage collection gets any left)."""
-    for path in paths:
-        try:
-            ice.io.delete(path)
-        except Exception:  # noqa: BLE001 - unreferenced either way
-            pass
+    delete_quietly_io(ice.io, list(paths))
 
 
 @contextmanager
@@ -78,10 +75,13 @@ def cleanup_on_failure(ice: IcebergTable, written: list[str], landed: Callable[[
     """Delete the files in ``written`` if the block fails before its commit ``landed``.
 
     Files of a commit whose outcome is known to have landed are never touched.
+    Files created through tables loaded inside the block (partial ones too,
+    e.g. on a full disk) are deleted with them (see featurelake.guard).
     """
-    try:
-        yield
-    except BaseException:
-        if not landed():
-            delete_quietly(ice, written)
-        raise
+    with recording() as session:
+        try:
+            yield
+        except BaseException:
+            if not landed():
+                delete_quietly(ice, [*written, *session.created()])
+            raise

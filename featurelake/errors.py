@@ -64,6 +64,18 @@ class InvalidNameError(FeatureLakeError):
     """A table, branch, tag or column name is not allowed."""
 
 
+class InvalidArgumentError(FeatureLakeError, ValueError):
+    """An option or argument has a value the operation cannot use (e.g. ``batch_size=0``)."""
+
+
+class StorageError(FeatureLakeError, OSError):
+    """The warehouse refused a read or write (read-only, full disk, gone); ``path`` names the file."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        self.path = path
+        super().__init__(message)
+
+
 class MergeConflictError(FeatureLakeError):
     """Both sides of a merge changed the same data file and column.
 
@@ -102,6 +114,8 @@ __all__ = [
     "TableNotFoundError",
     "TableExistsError",
     "InvalidNameError",
+    "InvalidArgumentError",
+    "StorageError",
     "MergeConflictError",
     "CommitConflictError",
     "QualityGateError",

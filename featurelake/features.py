@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from featurelake.table import Table
 
 FeatureFn = Callable[[pa.Table], Any]
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class FeatureRegistry:
         self._features: dict[str, Feature] = {}
 
     def register(self, feat: Feature, replace: bool = False) -> Feature:
-        if not _NAME.match(feat.name):
+        if not _NAME.fullmatch(feat.name):
             raise InvalidNameError(f"invalid feature name {feat.name!r}: a letter, then letters, digits or '_'")
         if feat.name in feat.inputs:
             raise InvalidNameError(f"feature {feat.name!r} cannot be one of its own inputs")

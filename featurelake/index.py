@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 
+from featurelake.errors import CorruptFileError
 from featurelake.state import _LRU
 
 if TYPE_CHECKING:
@@ -89,17 +90,22 @@ class _Loaded:
 
     def __init__(self, io: FileIO, path: str) -> None:
         local = path.removeprefix("file://")
-        if path.startswith("file://") or "://" not in path:
-            reader = pa.ipc.open_file(pa.memory_map(local, "r"))
-        else:
-            with io.new_input(path).open() as f:
-                reader = pa.ipc.open_file(pa.py_buffer(f.read()))
-        table = reader.read_all()
-        meta = table.schema.metadata or {}
-        self.files: list[str] = json.loads(meta[b"files"])
-        self.k = _column(table, "k")
-        self.f = _column(table, "f")
-        self.p = _column(table, "p")
+        try:
+            if path.startswith("file://") or "://" not in path:
+                reader = pa.ipc.open_file(pa.memory_map(local, "r"))
+            else:
+                with io.new_input(path).open() as f:
+                    reader = pa.ipc.open_file(pa.py_buffer(f.read()))
+            table = reader.read_all()
+            meta = table.schema.metadata or {}
+            self.files: list[str] = json.loads(meta[b"files"])
+            self.k = _column(table, "k")
+            self.f = _column(table, "f")
+            self.p = _column(table, "p")
+        except (OSError, ValueError, KeyError, pa.ArrowException) as e:
+            raise CorruptFileError(
+                f"key index segment {path} is missing or unreadable ({e}); rebuild it with rebuild_index()", path
+            ) from e
 
 
 def _load(io: FileIO, path: str) -> _Loaded:

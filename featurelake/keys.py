@@ -16,7 +16,7 @@ from pyiceberg.conversions import from_bytes
 from pyiceberg.expressions import And, GreaterThanOrEqual, LessThanOrEqual
 from pyiceberg.table import FileScanTask
 
-from featurelake.errors import DuplicateKeyError, NullKeyError
+from featurelake.errors import DuplicateKeyError, NullKeyError, SchemaMismatchError
 from featurelake.schema import LOCATOR_FILE, LOCATOR_POS, arrow_schema
 
 if TYPE_CHECKING:
@@ -48,6 +48,25 @@ def check_keys(tbl: pa.Table, keys: Sequence[str], what: str = "input") -> None:
         raise DuplicateKeyError(
             f"{what} repeats {dups.num_rows} primary key(s), e.g. {examples}", examples, count=dups.num_rows
         )
+
+
+def conform_keys(tbl: pa.Table, key_fields: Sequence[pa.Field]) -> pa.Table:
+    """``tbl`` with its key columns cast to the table's key types.
+
+    Only lossless casts of a compatible type are made (int32 to int64, string
+    to large string): a string, float or timestamp column is never turned
+    into an integer key, and a value that does not fit is refused.
+    """
+    from featurelake.schema import _castable, cast_column
+
+    wrong = [f"{f.name!r} is {tbl.column(f.name).type}, the key is {f.type}" for f in key_fields
+             if not _castable(tbl.column(f.name).type, f.type)]
+    if wrong:
+        raise SchemaMismatchError("key column type does not match the table: " + "; ".join(wrong), [f.name for f in key_fields])
+    for f in key_fields:
+        i = tbl.column_names.index(f.name)
+        tbl = tbl.set_column(i, pa.field(f.name, f.type), cast_column(tbl.column(i), f.type, f.name))
+    return tbl
 
 
 def duplicate_keys(tbl: pa.Table, keys: Sequence[str]) -> pa.Table:
@@ -202,4 +221,4 @@ def _verify(ice: "IcebergTable", hits: pa.Table, key_table: pa.Table, keys: Sequ
     return hits.filter(pa.array(keep))
 
 
-__all__ = ["check_keys", "duplicate_keys", "locate", "find", "found_keys", "ROW", "LOCATOR_FILE", "LOCATOR_POS"]
+__all__ = ["check_keys", "conform_keys", "duplicate_keys", "locate", "find", "found_keys", "ROW", "LOCATOR_FILE", "LOCATOR_POS"]

@@ -18,19 +18,26 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
 
 from featurelake.errors import InvalidNameError, TableExistsError, TableNotFoundError
-from featurelake.schema import build_partition_spec, build_sort_order, iceberg_schema_from_arrow, table_properties
+from featurelake.guard import delete_quietly_io, recording, storage_errors, track
+from featurelake.schema import (
+    build_partition_spec,
+    build_sort_order,
+    check_user_properties,
+    iceberg_schema_from_arrow,
+    table_properties,
+)
 
 if TYPE_CHECKING:
     from featurelake.table import Table
 
 DEFAULT_HOME = ".featurelake"
 CATALOG_NAME = "featurelake"
-_NAME_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_NAME_PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 
 def _split_name(name: str) -> tuple[str, str]:
     parts = name.split(".")
-    if len(parts) != 2 or not all(_NAME_PART.match(p) for p in parts):
+    if len(parts) != 2 or not all(_NAME_PART.fullmatch(p) for p in parts):
         raise InvalidNameError(
             f"table name {name!r} must be 'namespace.table' with letters, digits and underscores"
         )
@@ -51,9 +58,10 @@ class Lake:
             return
         home = Path(home if home is not None else os.environ.get("FEATURELAKE_HOME", DEFAULT_HOME)).resolve()
         warehouse = home / "warehouse"
-        warehouse.mkdir(parents=True, exist_ok=True)
-        self.home = home
-        self.catalog = _sql_catalog(f"sqlite:///{home / 'catalog.db'}", warehouse.as_uri())
+        with storage_errors(f"open the lake at {home}"):
+            warehouse.mkdir(parents=True, exist_ok=True)
+            self.home = home
+            self.catalog = _sql_catalog(f"sqlite:///{home / 'catalog.db'}", warehouse.as_uri())
 
     @classmethod
     def from_env(cls) -> "Lake":
@@ -113,19 +121,39 @@ class Lake:
         ice_schema = iceberg_schema_from_arrow(schema, keys)
         spec = build_partition_spec(ice_schema, partition_by)
         props = table_properties(ice_schema, keys, spec)
-        props.update(properties or {})
-        try:
-            self.catalog.create_namespace(namespace)
-        except NamespaceAlreadyExistsError:
-            pass
-        try:
-            order = build_sort_order(ice_schema, sort_by)
-            extra = {"sort_order": order} if order is not None else {}
-            ice = self.catalog.create_table(name, schema=ice_schema, partition_spec=spec, properties=props, **extra)
-        except TableAlreadyExistsError as e:
-            raise TableExistsError(f"table {name!r} already exists") from e
+        props.update(check_user_properties(properties or {}))
+        order = build_sort_order(ice_schema, sort_by)
+        extra = {"sort_order": order} if order is not None else {}
+        with storage_errors(f"create table {name}"), recording() as session:
+            # checked first: the catalog writes the new metadata.json before it finds the name taken
+            if self.catalog.table_exists(name):
+                raise TableExistsError(f"table {name!r} already exists")
+            try:
+                self.catalog.create_namespace(namespace)
+            except NamespaceAlreadyExistsError:
+                pass
+            try:
+                ice = self.catalog.create_table(name, schema=ice_schema, partition_spec=spec, properties=props, **extra)
+            except BaseException as e:
+                self._forget_failed_create(name, session.created())
+                if isinstance(e, TableAlreadyExistsError):
+                    raise TableExistsError(f"table {name!r} already exists") from e
+                raise
         return Table(self, name, ice)
 
+    def _forget_failed_create(self, name: str, created: list[str]) -> None:
+        """Delete the metadata a failed create_table wrote, unless the catalog points at it after all."""
+        if not created:
+            return
+        try:
+            if self.catalog.table_exists(name) and self.catalog.load_table(name).metadata_location in created:
+                return
+            io = self.catalog._load_file_io(location=created[0])
+        except Exception:  # noqa: BLE001 - cannot tell: keep the files, GC collects orphans later
+            return
+        delete_quietly_io(io, created)
+
+    @storage_errors("table")
     def table(self, name: str) -> "Table":
         """Open an existing table."""
         from featurelake.table import Table
@@ -137,6 +165,7 @@ class Lake:
             raise TableNotFoundError(f"no table {name!r} in the lake") from e
         return Table(self, name, ice)
 
+    @storage_errors("table exists")
     def table_exists(self, name: str) -> bool:
         _split_name(name)
         return self.catalog.table_exists(name)
@@ -168,6 +197,7 @@ class Lake:
 
         return open_sequence_table(self, name)
 
+    @storage_errors("tables")
     def tables(self) -> list[str]:
         """Every table in the lake, as ``namespace.table``, sorted."""
         names = []
@@ -176,6 +206,7 @@ class Lake:
                 names.append(".".join(ident))
         return sorted(names)
 
+    @storage_errors("drop table")
     def drop_table(self, name: str) -> None:
         """Remove a table from the catalog (its files stay until garbage collection)."""
         _split_name(name)
@@ -184,6 +215,7 @@ class Lake:
         except NoSuchTableError as e:
             raise TableNotFoundError(f"no table {name!r} in the lake") from e
 
+    @storage_errors("collect garbage")
     def collect_garbage(self, older_than: timedelta = timedelta(days=3), dry_run: bool = False):
         """Delete files no retained snapshot of any branch or tag references.
 
@@ -203,6 +235,7 @@ class Lake:
 def _sql_catalog(uri: str, warehouse: str, **properties: str) -> Catalog:
     from pyiceberg.catalog.sql import SqlCatalog
     from pyiceberg.table import Table as IcebergTable
+    from pyiceberg.typedef import EMPTY_DICT
 
     from featurelake.state import _LRU
 
@@ -217,6 +250,9 @@ def _sql_catalog(uri: str, warehouse: str, **properties: str) -> Catalog:
         A metadata file never changes once written, so its parse is cached
         by location; the catalog row is still read every time.
         """
+
+        def _load_file_io(self, properties=EMPTY_DICT, location=None):  # type: ignore[override]
+            return track(super()._load_file_io(properties, location))
 
         def _convert_orm_to_iceberg(self, orm_table):  # type: ignore[override]
             location = orm_table.metadata_location

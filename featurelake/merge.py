@@ -26,6 +26,7 @@ from pyiceberg.table.snapshots import Snapshot
 from featurelake import refs
 from featurelake.commit import optimistic
 from featurelake.errors import BranchNotFoundError, FeatureLakeError, MergeConflictError
+from featurelake.guard import manifest_errors
 from featurelake.state import STATE_KEY, PlatformState, StateWriter, UpdateEntry
 
 if TYPE_CHECKING:
@@ -42,7 +43,8 @@ def snapshot_files(ice: IcebergTable, snapshot: Snapshot | None) -> dict[str, Da
     if key not in _FILES_CACHE:
         if len(_FILES_CACHE) > 256:
             _FILES_CACHE.clear()
-        _FILES_CACHE[key] = {t.file.file_path: t.file for t in ice.scan(snapshot_id=snapshot.snapshot_id).plan_files()}
+        with manifest_errors(ice.io, snapshot):
+            _FILES_CACHE[key] = {t.file.file_path: t.file for t in ice.scan(snapshot_id=snapshot.snapshot_id).plan_files()}
     return _FILES_CACHE[key]
 
 

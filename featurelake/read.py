@@ -44,6 +44,7 @@ from pyiceberg.table.snapshots import Snapshot
 
 from featurelake.columns import is_hidden, original_name
 from featurelake.errors import CorruptFileError, FeatureLakeError, SchemaMismatchError
+from featurelake.guard import manifest_errors
 from featurelake.schema import LOCATOR_FILE, LOCATOR_POS, arrow_schema
 from featurelake.state import PlatformState, UpdateEntry
 
@@ -183,12 +184,13 @@ class Scan:
             return self._tasks
         relaxed = _relax(rewrite_not(self.bound_filter), self.state.updated_field_ids)
         current = self.ice.metadata.schema()
-        try:
-            plan_filter = translate_column_names(relaxed, current, case_sensitive=True)
-            tasks = list(self.ice.scan(row_filter=plan_filter, snapshot_id=self.snapshot.snapshot_id).plan_files())
-        except ValueError:
-            # A predicate on a column the current schema no longer has: plan without pruning.
-            tasks = list(self.ice.scan(snapshot_id=self.snapshot.snapshot_id).plan_files())
+        with manifest_errors(self.ice.io, self.snapshot):
+            try:
+                plan_filter = translate_column_names(relaxed, current, case_sensitive=True)
+                tasks = list(self.ice.scan(row_filter=plan_filter, snapshot_id=self.snapshot.snapshot_id).plan_files())
+            except ValueError:
+                # A predicate on a column the current schema no longer has: plan without pruning.
+                tasks = list(self.ice.scan(snapshot_id=self.snapshot.snapshot_id).plan_files())
         for t in tasks:
             if t.delete_files:
                 raise FeatureLakeError(

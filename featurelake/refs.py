@@ -16,12 +16,12 @@ from pyiceberg.table.snapshots import Snapshot
 from featurelake.errors import BranchNotFoundError, InvalidNameError
 
 MAIN = MAIN_BRANCH
-REF_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
+REF_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}")
 
 
 def check_ref_name(name: str) -> str:
     """Refuse names that are not ``[A-Za-z0-9][A-Za-z0-9._/-]{0,127}`` or contain ``..``."""
-    if not isinstance(name, str) or not REF_NAME.match(name) or ".." in name or name.endswith("/"):
+    if not isinstance(name, str) or not REF_NAME.fullmatch(name) or ".." in name or name.endswith("/"):
         raise InvalidNameError(
             f"invalid branch or tag name {name!r}: use letters, digits, '.', '_', '/', '-' "
             "(starting with a letter or digit, at most 128 characters, no '..')"

@@ -26,14 +26,14 @@ from pyiceberg.transforms import (
 )
 from pyiceberg.types import StringType
 
-from featurelake.errors import InvalidNameError, SchemaMismatchError
+from featurelake.errors import InvalidArgumentError, InvalidNameError, NullKeyError, SchemaMismatchError
 
 LOCATOR_FILE = "_file"
 LOCATOR_POS = "_pos"
 RESERVED_PREFIX = "_"
 
-_TRANSFORM = re.compile(r"^\s*(\w+)\s*\(\s*(?:(\d+)\s*,\s*)?([A-Za-z_][\w.]*)\s*\)\s*$")
-_PLAIN = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*$")
+_TRANSFORM = re.compile(r"\s*(\w+)\s*\(\s*(?:([0-9]+)\s*,\s*)?([A-Za-z_][\w.]*)\s*\)\s*")
+_PLAIN = re.compile(r"\s*([A-Za-z_][\w.]*)\s*")
 _UNARY: dict[str, type[Transform]] = {
     "identity": IdentityTransform,
     "year": YearTransform,
@@ -55,6 +55,11 @@ def iceberg_schema_from_arrow(schema: pa.Schema, primary_key: Sequence[str]) -> 
     """An Iceberg schema for ``schema`` with ``primary_key`` as required identifier fields."""
     if not isinstance(schema, pa.Schema):
         raise SchemaMismatchError(f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
+    check_column_names(schema.names)
+    repeated = sorted({k for k in primary_key if list(primary_key).count(k) > 1})
+    if repeated:
+        raise InvalidArgumentError(f"primary key names column(s) {repeated} more than once")
+    schema = lake_schema(schema)
     bad = [f.name for f in schema if not f.name or f.name.startswith(RESERVED_PREFIX)]
     if bad:
         raise InvalidNameError(f"column names may not be empty or start with '_' (reserved): {bad}")
@@ -79,10 +84,10 @@ def build_partition_spec(schema: Schema, partition_by: Sequence[str]) -> Partiti
     """Parse ``["day(ts)", "bucket(16, user_id)", "region"]`` into a PartitionSpec."""
     fields = []
     for i, text in enumerate(partition_by):
-        m = _TRANSFORM.match(text)
+        m = _TRANSFORM.fullmatch(text)
         if m:
             name, arg, column = m.group(1).lower(), m.group(2), m.group(3)
-        elif _PLAIN.match(text):
+        elif _PLAIN.fullmatch(text):
             name, arg, column = "identity", None, text.strip()
         else:
             raise InvalidNameError(f"cannot parse partition transform {text!r}; e.g. 'day(ts)', 'bucket(16, id)'")
@@ -96,10 +101,14 @@ def build_partition_spec(schema: Schema, partition_by: Sequence[str]) -> Partiti
                 raise InvalidNameError(f"{name}() takes just a column: {text!r}")
             transform = _UNARY[name]()
             suffix = "" if name == "identity" else f"_{name.rstrip('s')}"
-        elif name == "bucket" and arg:
-            transform, suffix = BucketTransform(int(arg)), f"_bucket_{arg}"
-        elif name == "truncate" and arg:
-            transform, suffix = TruncateTransform(int(arg)), f"_trunc_{arg}"
+        elif name in ("bucket", "truncate") and arg:
+            width = int(arg)
+            if not 1 <= width <= 2**31 - 1:
+                raise InvalidArgumentError(f"{name}() needs a width from 1 to 2147483647: {text!r}")
+            if name == "bucket":
+                transform, suffix = BucketTransform(width), f"_bucket_{width}"
+            else:
+                transform, suffix = TruncateTransform(width), f"_trunc_{width}"
         else:
             raise InvalidNameError(f"unknown partition transform {text!r}")
         if not transform.can_transform(source.field_type):
@@ -157,6 +166,26 @@ def table_properties(schema: Schema, primary_key: Sequence[str], spec: Partition
         kind = "truncate(32)" if isinstance(schema.find_field(col).field_type, StringType) else "full"
         props[f"write.metadata.metrics.column.{col}"] = kind
     return props
+
+
+RESERVED_PROPERTIES = ("featurelake.primary-key",)
+FORMAT_VERSION = "2"
+
+
+def check_user_properties(properties: dict[str, str]) -> dict[str, str]:
+    """Refuse table properties that would contradict the platform (key, format version) or break Iceberg."""
+    if not isinstance(properties, dict):
+        raise InvalidArgumentError(f"properties must be a dict of str to str, got {type(properties).__name__}")
+    wrong = [k for k, v in properties.items() if not isinstance(k, str) or not isinstance(v, str)]
+    if wrong:
+        raise InvalidArgumentError(f"table property keys and values must be strings: {wrong}")
+    reserved = [k for k in properties if k in RESERVED_PROPERTIES]
+    if reserved:
+        raise InvalidArgumentError(f"table properties {reserved} are set by featurelake (use primary_key=...)")
+    version = properties.get("format-version", FORMAT_VERSION)
+    if version != FORMAT_VERSION:
+        raise InvalidArgumentError(f"featurelake tables are Iceberg format version 2, not {version!r}")
+    return properties
 
 
 def arrow_schema(schema: Schema, field_ids: bool = True) -> pa.Schema:
@@ -217,17 +246,16 @@ def to_table(data: Any) -> pa.Table:
     raise SchemaMismatchError(f"expected a pyarrow Table/RecordBatch or pandas DataFrame, got {type(data).__name__}")
 
 
-def conform(data: pa.Table, target: pa.Schema, *, allow_missing: bool = True) -> pa.Table:
+def conform(data: pa.Table, target: pa.Schema, *, allow_missing: bool = True, keys: Sequence[str] = ()) -> pa.Table:
     """Cast ``data`` to ``target`` (a table's Arrow schema), or raise SchemaMismatchError.
 
     Columns are matched by name; missing optional columns become nulls when
-    ``allow_missing``; unknown columns and incompatible types are refused,
-    all offenders named at once.
+    ``allow_missing``; unknown columns, incompatible types, values the cast
+    would change and nulls in required columns are refused, all offenders
+    named at once (nulls in ``keys`` as NullKeyError).
     """
     names = data.column_names
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise SchemaMismatchError(f"duplicate column names in input: {dup}", dup)
+    check_column_names(names)
     unknown = [n for n in names if n not in target.names]
     problems: list[str] = []
     fields: list[str] = list(unknown)
@@ -250,8 +278,68 @@ def conform(data: pa.Table, target: pa.Schema, *, allow_missing: bool = True) ->
         columns.append(col)
     if problems:
         raise SchemaMismatchError("data does not fit the table schema: " + "; ".join(problems), fields)
-    try:
-        casted = [c.cast(f.type) if not c.type.equals(f.type) else c for c, f in zip(columns, target)]
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-        raise SchemaMismatchError(f"data does not fit the table schema: {e}") from e
+    casted = [cast_column(c, f.type, f.name) for c, f in zip(columns, target)]
+    check_required(casted, target, keys)
     return pa.Table.from_arrays(casted, schema=target)
+
+
+def cast_column(col: pa.ChunkedArray | pa.Array, dtype: pa.DataType, name: str):
+    """``col`` as ``dtype``, refusing any value the cast would change (overflow, lost precision)."""
+    if col.type.equals(dtype):
+        return col
+    try:
+        return col.cast(dtype, safe=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+        raise SchemaMismatchError(f"column {name!r} does not fit {dtype}: {e}", [name]) from e
+
+
+def check_required(columns: Sequence[pa.ChunkedArray | pa.Array], fields: Sequence[pa.Field], keys: Sequence[str] = ()) -> None:
+    """Refuse nulls in required (non-nullable) fields, naming every offending column.
+
+    A null in a primary-key column is a NullKeyError, any other a SchemaMismatchError.
+    """
+    bad = [f.name for c, f in zip(columns, fields) if not f.nullable and c.null_count]
+    null_keys = [k for k in bad if k in keys]
+    if null_keys:
+        count = max(c.null_count for c, f in zip(columns, fields) if f.name in null_keys)
+        raise NullKeyError(f"input has {count} row(s) with a null primary key column {null_keys[0]!r}", count=count)
+    if bad:
+        raise SchemaMismatchError(f"required (NOT NULL) column(s) {bad} hold nulls", bad)
+
+
+def check_column_names(names: Sequence[str]) -> None:
+    """Refuse duplicate, empty or control-character column names in input data."""
+    dup = sorted({n for n in names if list(names).count(n) > 1})
+    if dup:
+        raise SchemaMismatchError(f"duplicate column names in input: {dup}", dup)
+    bad = [n for n in names if not n or any(ord(ch) < 32 or ord(ch) == 127 for ch in n)]
+    if bad:
+        raise InvalidNameError(f"column names may not be empty or hold control characters: {bad}")
+
+
+def lake_type(t: pa.DataType) -> pa.DataType:
+    """The Arrow type a new column of type ``t`` gets in the lake (Iceberg v2 has no nanoseconds)."""
+    if pa.types.is_timestamp(t) and t.unit == "ns":
+        return pa.timestamp("us", tz=t.tz)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        item = t.value_field.with_type(lake_type(t.value_type))
+        return pa.large_list(item) if pa.types.is_large_list(t) else pa.list_(item)
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(lake_type(f.type)) for f in t])
+    if pa.types.is_map(t):
+        return pa.map_(lake_type(t.key_type), t.item_field.with_type(lake_type(t.item_type)))
+    return t
+
+
+def stored_type(t: pa.DataType, name: str) -> pa.DataType:
+    """The Arrow type the lake stores a new column of input type ``t`` as (e.g. uint64 -> int64)."""
+    try:
+        ice = _pyarrow_to_schema_without_ids(pa.schema([pa.field(name, lake_type(t))]))
+    except Exception as e:  # pyiceberg refuses types Iceberg has no counterpart for
+        raise SchemaMismatchError(f"column {name!r} has type {t}, which an Iceberg table cannot store ({e})", [name]) from e
+    return schema_to_pyarrow(ice, include_field_ids=False).field(name).type
+
+
+def lake_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with every type the lake cannot store replaced by its lossless equivalent."""
+    return pa.schema([f.with_type(lake_type(f.type)) for f in schema], metadata=schema.metadata)

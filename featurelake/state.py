@@ -277,16 +277,24 @@ def _load_root(io: FileIO, path: str) -> PlatformState:
         try:
             with io.new_input(path).open() as f:
                 raw = json.loads(f.read())
-        except (OSError, ValueError) as e:
-            raise CorruptFileError(f"platform state file {path} is missing or unreadable: {e}", path) from e
-        cached = PlatformState(
-            root_path=path,
-            next_seq=int(raw["next_seq"]),
-            shard_info={int(k): v for k, v in raw["shards"].items()},
-            index_segments=tuple(raw.get("index", ())),
-        )
+            cached = PlatformState(
+                root_path=path,
+                next_seq=int(raw["next_seq"]),
+                shard_info={int(k): _shard_info(v) for k, v in raw["shards"].items()},
+                index_segments=tuple(raw.get("index", ())),
+            )
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise CorruptFileError(f"platform state file {path} is missing or unreadable: {e!r}", path) from e
         _ROOT_CACHE.put(path, cached)
     return replace(cached, io=io)
+
+
+def _shard_info(v: dict) -> dict:
+    """A root's entry for one shard, refusing one that lacks a field readers use."""
+    missing = [k for k in ("path", "files", "bytes", "field_ids") if k not in v]
+    if missing:
+        raise KeyError(f"shard entry lacks {missing}")
+    return v
 
 
 def _load_shard(io: FileIO | None, path: str) -> dict[str, list[UpdateEntry]]:

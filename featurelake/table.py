@@ -20,7 +20,8 @@ from pyiceberg.table.snapshots import Snapshot
 
 from featurelake import refs
 from featurelake.commit import cleanup_on_failure, optimistic
-from featurelake.errors import DuplicateKeyError, SchemaMismatchError
+from featurelake.errors import DuplicateKeyError, InvalidArgumentError, SchemaMismatchError
+from featurelake.guard import storage_errors, track
 from featurelake import index
 from featurelake.index import read_key_columns
 from featurelake.keys import check_keys, find, found_keys
@@ -54,8 +55,12 @@ class Table:
         return self.refresh()
 
     def refresh(self) -> IcebergTable:
-        self._ice = self.lake.catalog.load_table(self.name)
-        return self._ice
+        """Load the table's current metadata from the catalog (a fresh FileIO, see featurelake.guard)."""
+        with storage_errors(f"load {self.name}"):
+            ice = self.lake.catalog.load_table(self.name)
+        track(ice.io)
+        self._ice = ice
+        return ice
 
     @property
     def primary_key(self) -> list[str]:
@@ -103,6 +108,8 @@ class Table:
         include_hidden: bool = False,
     ) -> Scan:
         """A snapshot-consistent scan, planned lazily (``.tasks()``, ``.to_table()``, ``.report``)."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise InvalidArgumentError(f"batch_size must be a positive integer, not {batch_size!r}")
         ice = ice or self.refresh()
         meta = ice.metadata
         snapshot = refs.resolve(meta, branch, snapshot_id)
@@ -124,6 +131,7 @@ class Table:
             ice=ice,
         )
 
+    @storage_errors("read")
     def read(
         self,
         columns: Sequence[str] | None = None,
@@ -183,10 +191,11 @@ class Table:
         """Input chunks, each conformed to the table schema and free of null or repeated keys."""
         target = arrow_schema(ice.schema())
         for chunk in _chunks(data):
-            chunk = conform(chunk, target)
+            chunk = conform(chunk, target, keys=self.primary_key)
             check_keys(chunk, self.primary_key)
             yield chunk
 
+    @storage_errors("append")
     def append(self, data: Any, branch: str = MAIN) -> int | None:
         """Append rows; refuse null keys and keys already in the batch or the branch.
 
@@ -196,6 +205,7 @@ class Table:
         """
         return self._write(data, branch, replace_filter=None)
 
+    @storage_errors("overwrite")
     def overwrite(self, data: Any, filter: str | BooleanExpression, branch: str = MAIN) -> int | None:
         """Atomically replace the rows matching ``filter`` with ``data`` (one commit).
 
@@ -203,6 +213,7 @@ class Table:
         """
         return self._write(data, branch, replace_filter=parse_filter(filter))
 
+    @storage_errors("delete")
     def delete(self, filter: str | BooleanExpression, branch: str = MAIN) -> int | None:
         """Delete the rows matching ``filter`` (evaluated on merged values)."""
         return self._write(None, branch, replace_filter=parse_filter(filter))
@@ -250,6 +261,7 @@ class Table:
             return snapshot_id
 
         with cleanup_on_failure(ice, written, landed=lambda: bool(landed)):
+            track(ice.io)  # loaded by this call above: record the data files written through it
             if data is not None:
                 for chunk in self._prepare(data, ice):
                     key_parts.append(chunk.select(keys))
@@ -261,6 +273,7 @@ class Table:
                 check_keys(all_keys, keys)
             return optimistic(self.refresh, attempt, f"write to {self.name}@{branch}")
 
+    @storage_errors("backfill")
     def backfill(self, data: Any, branch: str = MAIN, on_unknown: str = "error") -> int | None:
         """Set columns of existing rows without rewriting any data file (one commit).
 
@@ -275,6 +288,7 @@ class Table:
         self.last_update_report = report
         return report.snapshot_id
 
+    @storage_errors("compact")
     def compact(self, branch: str = MAIN, **options: Any):
         """Fold update files into rewritten data files and bin-pack small files (one commit).
 
@@ -286,12 +300,14 @@ class Table:
         return compact(self, branch, **options)
 
     # ------------------------------------------------------------ branches
+    @storage_errors("create branch")
     def create_branch(self, name: str, from_ref: str | int = MAIN) -> int:
         """Zero-copy branch at a branch, tag or snapshot id; returns the snapshot it starts at."""
         from featurelake.branches import create_branch
 
         return create_branch(self, name, from_ref)
 
+    @storage_errors("create tag")
     def create_tag(self, name: str, ref: str | int = MAIN) -> int:
         from featurelake.branches import create_tag
 
@@ -308,11 +324,13 @@ class Table:
 
         return list_tags(self)
 
+    @storage_errors("drop branch")
     def drop_branch(self, name: str) -> None:
         from featurelake.branches import drop_ref
 
         drop_ref(self, name)
 
+    @storage_errors("merge")
     def merge(self, source: str | int, into: str = MAIN) -> int:
         """Merge a branch (or tag or snapshot) into ``into``: fast-forward or three-way, one commit.
 
@@ -322,6 +340,7 @@ class Table:
 
         return merge(self, source, into)
 
+    @storage_errors("rebase")
     def rebase(self, branch: str, onto: str = MAIN) -> int:
         """Replay ``branch``'s changes on ``onto``'s head and move the branch there."""
         from featurelake.merge import rebase
@@ -334,18 +353,21 @@ class Table:
 
         return diff(self, branch, against)
 
+    @storage_errors("drop tag")
     def drop_tag(self, name: str) -> None:
         from featurelake.branches import SnapshotRefType, drop_ref
 
         drop_ref(self, name, SnapshotRefType.TAG)
 
     # --------------------------------------------------------- maintenance
+    @storage_errors("expire snapshots")
     def expire_snapshots(self, older_than: datetime, retain_last: int = 1) -> list[int]:
         """Expire old snapshots (ref heads and the last ``retain_last`` per branch stay)."""
         from featurelake.gc import expire_snapshots
 
         return expire_snapshots(self, older_than, retain_last)
 
+    @storage_errors("revert")
     def revert(self, snapshot_id: int, branch: str = MAIN) -> int:
         """Undo one snapshot's operation in a new snapshot, keeping every later one.
 
@@ -373,6 +395,7 @@ class Table:
 
         purge_column(self, name, grace)
 
+    @storage_errors("upsert")
     def upsert(self, data: Any, branch: str = MAIN) -> int | None:
         """Update rows whose key exists (merge-on-read) and insert new keys, in one commit.
 
@@ -414,12 +437,13 @@ class Table:
             )
 
     # ---------------------------------------------------------- inspection
+    @storage_errors("stats")
     def stats(self, branch: str = MAIN, snapshot_id: int | None = None) -> dict[str, Any]:
         """Rows, files and bytes of a branch head (cheap: manifests and platform state only)."""
         ice = self.refresh()
         snapshot = refs.resolve(ice.metadata, branch, snapshot_id)
         state = self._state(ice, snapshot)
-        files = [t.file for t in ice.scan(snapshot_id=snapshot.snapshot_id).plan_files()] if snapshot else []
+        files = list(snapshot_files(ice, snapshot).values())
         layers = state.by_data_file([f.file_path for f in files]) if not state.empty else {}
         small = int(ice.metadata.properties.get("featurelake.small-file-bytes", SMALL_FILE_BYTES))
         data_bytes = sum(f.file_size_in_bytes for f in files)
@@ -446,6 +470,7 @@ class Table:
 
         return storage(self, branch)
 
+    @storage_errors("snapshots")
     def snapshots(self, branch: str = MAIN) -> list[dict[str, Any]]:
         """The branch's history, newest first: id, time, operation, summary."""
         ice = self.refresh()

@@ -19,17 +19,37 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
 from featurelake import refs
 from featurelake.commit import cleanup_on_failure, delete_quietly, optimistic
-from featurelake.errors import DuplicateKeyError, NullKeyError, SchemaMismatchError, UnknownKeyError
-from featurelake.keys import ROW, check_keys, find
+from featurelake.errors import (
+    DuplicateKeyError,
+    InvalidArgumentError,
+    NullKeyError,
+    PrimaryKeyError,
+    SchemaMismatchError,
+    UnknownKeyError,
+)
+from featurelake.index import read_key_columns
+from featurelake.keys import ROW, check_keys, conform_keys, find
 from featurelake.merge import snapshot_files
 from featurelake.read import POS_FIELD_ID
-from featurelake.schema import LOCATOR_FILE, LOCATOR_POS, RESERVED_PREFIX, _castable, arrow_schema, to_table
+from featurelake.schema import (
+    LOCATOR_FILE,
+    LOCATOR_POS,
+    RESERVED_PREFIX,
+    _castable,
+    arrow_schema,
+    cast_column,
+    check_column_names,
+    check_required,
+    stored_type,
+    to_table,
+)
 from featurelake.state import STATE_KEY, StateWriter, UpdateEntry
 
 if TYPE_CHECKING:
@@ -95,6 +115,51 @@ def _check_types(table_schema: pa.Schema, data: pa.Table, columns: list[str]) ->
     if wrong:
         raise SchemaMismatchError("backfill input does not fit: " + "; ".join(wrong), [w.split("'")[1] for w in wrong])
     return new
+
+
+def fit_values(current: pa.Schema, data: pa.Table, columns: list[str], new_columns: list[str], *, refuse_required_nulls: bool = True) -> pa.Table:
+    """``data`` with ``columns`` cast to the types the lake stores them as, before anything is written.
+
+    Existing columns take the table's type, new ones their stored type
+    (``stored_type``: uint64 becomes int64, timestamp[ns] timestamp[us]); a
+    value the cast would change is refused, naming the column. Nulls in a
+    required column are refused unless ``refuse_required_nulls`` is False
+    (upsert: there a null means "keep the row's value").
+    """
+    required = []
+    for c in columns:
+        if c in new_columns:
+            dtype = stored_type(data.schema.field(c).type, c)
+        else:
+            dtype = current.field(c).type
+            if not current.field(c).nullable:
+                required.append(c)
+        i = data.column_names.index(c)
+        data = data.set_column(i, pa.field(c, dtype), cast_column(data.column(i), dtype, c))
+    if refuse_required_nulls:
+        check_required([data.column(c) for c in required], [current.field(c) for c in required])
+    return data
+
+
+def _check_keys_unchanged(ice: IcebergTable, groups: list[tuple[str, pa.Table]], keys: list[str]) -> None:
+    """Refuse a by-locator backfill whose key columns differ from the keys of the rows it points at."""
+    changed, examples = 0, []
+    for path, group in groups:
+        actual = read_key_columns(ice, path, keys).take(group.column(LOCATOR_POS))
+        same = np.ones(group.num_rows, dtype=bool)
+        for k in keys:
+            given = group.column(k).cast(actual.column(k).type)
+            same &= pc.fill_null(pc.equal(actual.column(k), given), False).to_numpy(zero_copy_only=False)
+        if not same.all():
+            changed += int((~same).sum())
+            examples.extend(actual.filter(pa.array(~same)).slice(0, 5).column(keys[0]).to_pylist())
+    if changed:
+        raise PrimaryKeyError(
+            f"{changed} row(s) give key values that differ from the rows their _file/_pos point at "
+            f"(e.g. rows with key {examples[:5]}): a backfill cannot change the primary key",
+            examples[:5],
+            count=changed,
+        )
 
 
 def _locate_by_key(table: "Table", ice: IcebergTable, head: Snapshot, data: pa.Table, on_unknown: OnUnknown, report: UpdateReport) -> pa.Table:
@@ -233,10 +298,20 @@ def apply_column_updates(
     on_unknown: OnUnknown = "error",
 ) -> UpdateReport:
     """Set columns of existing rows as update files in one commit (backfill, and upsert's update half)."""
+    if on_unknown not in ("error", "skip"):
+        raise InvalidArgumentError(f"on_unknown must be 'error' or 'skip', not {on_unknown!r}")
     data = to_table(data)
+    check_column_names(data.column_names)
     by_locator, columns = _split_input(table, data)
+    keys = table.primary_key
+    given_keys = [k for k in keys if k in data.column_names]
+    if given_keys:
+        key_schema = arrow_schema(table._ice.schema(), field_ids=False)
+        data = conform_keys(data, [key_schema.field(k) for k in given_keys])
     if not by_locator:
-        check_keys(data, table.primary_key)
+        check_keys(data, keys)
+    elif given_keys and len(given_keys) < len(keys):
+        raise SchemaMismatchError(f"give all key columns {keys} or none with _file/_pos; got {given_keys}", given_keys)
     report = UpdateReport(columns=list(columns))
     written: list[str] = []
 
@@ -248,17 +323,20 @@ def apply_column_updates(
             raise UnknownKeyError(f"{table.name}@{branch} is empty: nothing to backfill", count=data.num_rows)
         current = arrow_schema(ice.schema(), field_ids=False)
         new_columns = _check_types(current, data, columns)
+        values = fit_values(current, data, columns, new_columns)
         groups = None
         if by_locator:
-            groups = _check_locators(table, ice, head, data)
-            rows = data
+            groups = _check_locators(table, ice, head, values)
+            if given_keys:
+                _check_keys_unchanged(ice, groups, keys)
+            rows = values
         else:
-            rows = _locate_by_key(table, ice, head, data, on_unknown, report)
+            rows = _locate_by_key(table, ice, head, values, on_unknown, report)
         if rows.num_rows == 0:
             report.snapshot_id = head.snapshot_id
             return report
         tx = ice.transaction()
-        add_columns(tx, data, new_columns)
+        add_columns(tx, values, new_columns)
         state = table._state(ice, head)
         writer = StateWriter(state, ice.io, table._platform_dir(ice))
         root_path = writer.new_root_path()

@@ -26,20 +26,28 @@ from pyiceberg.table import Table as IcebergTable
 from featurelake import index, refs
 from featurelake.commit import cleanup_on_failure, delete_quietly, optimistic
 from featurelake.errors import SchemaMismatchError
-from featurelake.keys import ROW, check_keys, find
+from featurelake.keys import ROW, check_keys, conform_keys, find
 from featurelake.merge import snapshot_files
 from featurelake.rewrite import write_data_files
-from featurelake.schema import RESERVED_PREFIX, arrow_schema, conform, to_table
+from featurelake.schema import RESERVED_PREFIX, arrow_schema, check_column_names, conform, to_table
 from featurelake.state import STATE_KEY, StateWriter
-from featurelake.updates import UpdateReport, _check_types, add_columns, located_rows, stage_update_files
+from featurelake.updates import UpdateReport, _check_types, add_columns, fit_values, located_rows, stage_update_files
 
 if TYPE_CHECKING:
     from featurelake.table import Table
 
 
 def upsert(table: "Table", data: Any, branch: str = refs.MAIN) -> UpdateReport:
-    """Update rows whose key exists (merge-on-read) and insert the others, in one commit."""
+    """Update rows whose key exists (merge-on-read) and insert the others, in one commit.
+
+    A new key must give every required column. An existing key's null in a
+    required column keeps the row's value (a null cannot be stored there),
+    so a mixed upsert whose existing keys carry only labels works; a null in
+    a nullable column sets the value to null. Zero input rows commit nothing
+    and report the branch head (None for an empty table).
+    """
     data = to_table(data)
+    check_column_names(data.column_names)
     keys = table.primary_key
     missing = [k for k in keys if k not in data.column_names]
     if missing:
@@ -47,6 +55,8 @@ def upsert(table: "Table", data: Any, branch: str = refs.MAIN) -> UpdateReport:
     bad = [c for c in data.column_names if c.startswith(RESERVED_PREFIX)]
     if bad:
         raise SchemaMismatchError(f"column names starting with '_' are reserved: {bad}", bad)
+    key_schema = arrow_schema(table._ice.schema(), field_ids=False)
+    data = conform_keys(data, [key_schema.field(k) for k in keys])
     check_keys(data, keys)
     report = UpdateReport()
     written: list[str] = []
@@ -55,21 +65,27 @@ def upsert(table: "Table", data: Any, branch: str = refs.MAIN) -> UpdateReport:
         delete_quietly(ice, written)
         written.clear()
         head = refs.branch_head(ice.metadata, branch)
+        if data.num_rows == 0:  # nothing to do: no commit, the head stays (None on an empty table)
+            report.snapshot_id = head.snapshot_id if head is not None else None
+            return report
         schema = ice.schema()
         current = arrow_schema(schema, field_ids=False)
         value_columns = [c for c in data.column_names if c not in keys]
         new_columns = _check_types(current, data, value_columns)
-        found = find(table, ice, head, data.select(keys)) if head is not None else None
-        is_existing = np.zeros(data.num_rows, dtype=bool)
+        values = fit_values(current, data, value_columns, new_columns, refuse_required_nulls=False)
+        found = find(table, ice, head, values.select(keys)) if head is not None else None
+        is_existing = np.zeros(values.num_rows, dtype=bool)
         existing = None
         if found is not None and found.num_rows:
             is_existing[found.column(ROW).to_numpy()] = True
-            existing = located_rows(data, found)
-        inserts = data.filter(pa.array(~is_existing))
+            existing = located_rows(values, found)
+        inserts = values.filter(pa.array(~is_existing))
 
         tx = ice.transaction()
-        add_columns(tx, data, new_columns)
+        add_columns(tx, values, new_columns)
         new_schema = tx.table_metadata.schema()
+        # new keys must fit the whole schema (required columns given, not null) before anything is written
+        rows = conform(inserts, arrow_schema(new_schema), keys=keys) if inserts.num_rows else None
         writer = StateWriter(table._state(ice, head), ice.io, table._platform_dir(ice))
         root_path = writer.new_root_path()
         props = {STATE_KEY: root_path, "featurelake.operation": "upsert"}
@@ -79,12 +95,13 @@ def upsert(table: "Table", data: Any, branch: str = refs.MAIN) -> UpdateReport:
         update_columns = [c for c in value_columns if c not in partition_sources]
         update_files = update_bytes = 0
         if existing is not None and existing.num_rows and update_columns:
-            update_files, update_bytes = stage_update_files(
-                table, ice, head, writer, producer.snapshot_id, existing, update_columns, new_schema, written
-            )
+            for part, columns in _keep_required(existing, update_columns, current):
+                files, size = stage_update_files(
+                    table, ice, head, writer, producer.snapshot_id, part, columns, new_schema, written
+                )
+                update_files, update_bytes = update_files + files, update_bytes + size
         data_files = []
-        if inserts.num_rows:
-            rows = conform(inserts, arrow_schema(new_schema))
+        if rows is not None:
             data_files = write_data_files(ice, rows, metadata=tx.table_metadata)
             written.extend(f.file_path for f in data_files)
             for f in data_files:
@@ -105,3 +122,25 @@ def upsert(table: "Table", data: Any, branch: str = refs.MAIN) -> UpdateReport:
 
     with cleanup_on_failure(table._ice, written, landed=lambda: report.snapshot_id is not None):
         return optimistic(table.refresh, attempt, f"upsert {table.name}@{branch}")
+
+
+def _keep_required(rows: pa.Table, columns: list[str], current: pa.Schema) -> list[tuple[pa.Table, list[str]]]:
+    """Existing rows split by which required columns they leave null, each with the columns to set.
+
+    A required column cannot hold a null, so a null there means "keep the
+    row's value": such a row's update file leaves that column out. Rows with
+    every column given form one part, the common case.
+    """
+    required = [c for c in columns if c in current.names and not current.field(c).nullable and rows.column(c).null_count]
+    if not required:
+        return [(rows, columns)]
+    codes = np.zeros(rows.num_rows, dtype=np.int64)
+    for bit, c in enumerate(required):
+        codes |= rows.column(c).is_valid().to_numpy(zero_copy_only=False).astype(np.int64) << bit
+    parts = []
+    for code in np.unique(codes):
+        kept = {c for bit, c in enumerate(required) if not (code >> bit) & 1}
+        chosen = [c for c in columns if c not in kept]
+        if chosen:
+            parts.append((rows.filter(pa.array(codes == code)), chosen))
+    return parts
