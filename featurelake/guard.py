@@ -113,6 +113,8 @@ def translate(e: BaseException, what: str) -> FeatureLakeError | None:
         return StorageError(f"{what}: the warehouse refused it ({e}); nothing was committed", path)
     name = type(e).__name__
     module = type(e).__module__ or ""
+    if module.startswith(("sqlalchemy", "sqlite3")) and "database or disk is full" in str(e):
+        return StorageError(f"{what}: the catalog database's disk is full; nothing was committed")
     if module.startswith(("sqlalchemy", "sqlite3")) and name in ("DatabaseError", "OperationalError") and (
         "not a database" in str(e) or "malformed" in str(e) or "no such table" in str(e) or "disk I/O" in str(e)
     ):
