@@ -56,7 +56,7 @@ class Lake:
         warehouse.mkdir(parents=True, exist_ok=True)
         self.home = home
         self.warehouse = str(warehouse)
-        self.catalog = _sql_catalog(f"sqlite:///{home / 'catalog.db'}", self.warehouse)
+        self.catalog = _sql_catalog(_sqlite_url(home / "catalog.db"), self.warehouse)
 
     @classmethod
     def from_env(cls) -> "Lake":
@@ -233,6 +233,13 @@ class Lake:
     def __repr__(self) -> str:
         where = str(self.home) if self.home else getattr(self.catalog, "name", "?")
         return f"Lake({where!r})"
+
+
+def _sqlite_url(path: Path) -> str:
+    """The SQLAlchemy URL of a SQLite file, escaped: a raw ``a%20b`` would open ``a b``'s catalog."""
+    from sqlalchemy.engine import URL
+
+    return URL.create("sqlite", database=str(path)).render_as_string(hide_password=False)
 
 
 def _env_properties() -> dict[str, str]:

@@ -121,7 +121,7 @@ class SeaweedServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"weed mini exited with {self.process.returncode}: {self.log_tail()}")
-            if self._ready():
+            if self._ready() and self._bucket_ready():
                 return self
             time.sleep(0.2)
         self.stop()
@@ -139,6 +139,18 @@ class SeaweedServer:
         except urllib.error.HTTPError:
             pass
         except (urllib.error.URLError, OSError):
+            return False
+        return True
+
+    def _bucket_ready(self) -> bool:
+        """The table bucket is created after the servers answer: wait until the catalog knows it."""
+        from pyiceberg.catalog.rest import RestCatalog
+        from pyiceberg.exceptions import NoSuchNamespaceError
+
+        try:
+            catalog = RestCatalog("probe", uri=self.catalog_uri, warehouse=self.warehouse, **self.catalog_properties())
+            catalog.list_namespaces()
+        except (NoSuchNamespaceError, OSError):
             return False
         return True
 
