@@ -95,6 +95,14 @@ class QualityGateError(FeatureLakeError):
     """A data-quality check failed, so the change was not merged."""
 
 
+class CatalogConfigError(FeatureLakeError):
+    """The catalog the configuration names cannot be found or opened."""
+
+
+class GarbageCollectionError(FeatureLakeError):
+    """Garbage collection was asked for something unsafe (a negative grace period); nothing was deleted."""
+
+
 class CorruptFileError(FeatureLakeError):
     """A data or update file is missing or unreadable; ``path`` names it."""
 
@@ -120,4 +128,6 @@ __all__ = [
     "CommitConflictError",
     "QualityGateError",
     "CorruptFileError",
+    "GarbageCollectionError",
+    "CatalogConfigError",
 ]

@@ -4,8 +4,18 @@ pyiceberg 0.12 expires snapshots but deletes no file, and has no orphan-file
 cleanup (LIBRARY-NOTES.md). Garbage collection here deletes exactly the files
 under a table's location that no retained snapshot of any branch or tag
 references — data files, update files, platform state, manifests, manifest
-lists and old metadata — and only once they are older than a grace period,
-which protects writes in flight (their files exist before their commit does).
+lists, old metadata and dead sequence store builds — and only once they are
+older than a grace period, which protects writes in flight (their files exist
+before their commit does). Folders of tables no longer in the catalog (dropped,
+or a ``metadata.json`` a crash left before the catalog insert) are collected
+too, but only under the lake's own warehouse.
+
+It is fail-safe. Every path is compared as a canonical URI through the table's
+own FileIO (:mod:`featurelake.storage`), and a table is skipped, its files
+kept and the reason reported, whenever the listing and the references
+disagree: references that cannot be read, a current ``metadata.json`` that is
+not among the listed files, or a listing in which no file is referenced. A
+file under a table location it cannot resolve is kept.
 """
 from __future__ import annotations
 
@@ -14,12 +24,14 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Iterable
 
-import pyarrow.fs as pafs
+from pyiceberg.io import load_file_io
 from pyiceberg.table import Table as IcebergTable
 
 from featurelake import refs
 from featurelake.commit import optimistic
+from featurelake.errors import GarbageCollectionError
 from featurelake.state import STATE_KEY, state_of
+from featurelake.storage import Storage, StoredFile, is_under, storage_of
 
 if TYPE_CHECKING:
     from featurelake.lake import Lake
@@ -35,6 +47,8 @@ class GarbageReport:
     bytes: int = 0
     kept_young: int = 0
     tables: dict[str, dict[str, int]] = field(default_factory=dict)
+    orphans: dict[str, int] = field(default_factory=dict)  # folder of a table gone from the catalog -> files
+    refused: dict[str, str] = field(default_factory=dict)  # table or folder -> why its files were kept
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -122,53 +136,214 @@ def referenced_files(table: "Table", ice: IcebergTable) -> set[str]:
     return keep
 
 
-def _normalize(path: str) -> str:
-    return path.removeprefix("file://")
+
+@dataclass
+class _Plan:
+    """What one collection would delete, and what it kept and why."""
+
+    garbage: list[StoredFile] = field(default_factory=list)
+    young: int = 0
+    refused: dict[str, str] = field(default_factory=dict)
 
 
-def _list(location: str) -> Iterable[pafs.FileInfo]:
-    fs, root = pafs.FileSystem.from_uri(location)
+def _is_catalog_file(f: StoredFile) -> bool:
+    return f.uri.endswith(".db")  # an embedded SQLite catalog is never the warehouse's garbage
+
+
+def _old(f: StoredFile, cutoff: float) -> bool:
+    return f.mtime is not None and f.mtime <= cutoff
+
+
+def _live_store_builds(table: "Table", ice: IcebergTable, storage: Storage, location: str) -> tuple[str, set[str]] | None:
+    """(canonical store root, live build folders) when the table's sequence store lies under its location."""
+    from featurelake.sequences import PROP_KEY, SequenceTable
+
+    if PROP_KEY not in ice.metadata.properties:
+        return None
+    st = SequenceTable(table.lake, table.name, ice)
     try:
-        infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
-    except FileNotFoundError:
-        return []
-    return [(fs, i) for i in infos if i.type == pafs.FileType.File]
+        root = storage.canonical(str(st.store_root))
+    except Exception:  # noqa: BLE001 - no local store configured: nothing of it is in the lake
+        return None
+    if not is_under(root, location):
+        return None
+    return root, {storage.canonical(b.path) for b in st.live_builds(ice)}
 
 
-def unreferenced_files(table: "Table", ice, cutoff: float) -> tuple[list, int]:
+def _table_plan(table: "Table", ice: IcebergTable, nested: list[str], cutoff: float) -> _Plan:
+    """Unreferenced files of one table older than ``cutoff``; refuses (keeps all) on any doubt."""
+    plan = _Plan()
+    storage = storage_of(ice.io)
+    location = storage.canonical(ice.location())
+    try:
+        keep = {storage.canonical(p) for p in referenced_files(table, ice)}
+        store = _live_store_builds(table, ice, storage, location)
+    except Exception as e:  # noqa: BLE001 - unreadable references: keep everything
+        plan.refused[table.name] = f"its references cannot be read ({type(e).__name__}: {e}); nothing deleted"
+        return plan
+    listed = [f for f in storage.list(ice.location()) if not any(is_under(f.uri, n) for n in nested)]
+    current = storage.canonical(ice.metadata_location)
+    if not keep:
+        plan.refused[table.name] = "it references no file; nothing deleted"
+        return plan
+    if listed and not any(f.uri in keep for f in listed):
+        plan.refused[table.name] = f"none of the {len(listed)} files listed under {location} is referenced; nothing deleted"
+        return plan
+    if current not in {f.uri for f in listed}:
+        plan.refused[table.name] = f"its current metadata {current} is not among the files listed under {location}; nothing deleted"
+        return plan
+    builds: dict[str, list[StoredFile]] = {}
+    for f in listed:
+        if f.uri in keep or _is_catalog_file(f):
+            continue
+        if store is not None and is_under(f.uri, store[0]):
+            build = store[0] + "/" + f.uri[len(store[0]) + 1 :].split("/", 1)[0]
+            if build not in store[1]:
+                builds.setdefault(build, []).append(f)
+            continue
+        if _old(f, cutoff):
+            plan.garbage.append(f)
+        else:
+            plan.young += 1
+    for files in builds.values():  # a dead build goes whole, its record first, or not at all
+        if all(_old(f, cutoff) for f in files):
+            plan.garbage.extend(sorted(files, key=lambda f: not f.uri.endswith("/build.json")))
+        else:
+            plan.young += len(files)
+    return plan
+
+
+def unreferenced_files(table: "Table", ice, cutoff: float) -> tuple[list[StoredFile], int]:
     """Files under the table's location no retained snapshot needs, modified before
-    ``cutoff`` (epoch seconds): ([(filesystem, file info)], count of younger ones)."""
-    keep = {_normalize(p) for p in referenced_files(table, ice)}
-    garbage, young = [], 0
-    for fs, info in _list(ice.location()):
-        path = _normalize(info.path)
-        if path in keep or path.endswith(".db"):
-            continue
-        if (info.mtime.timestamp() if info.mtime else 0) > cutoff:
-            young += 1
-            continue
-        garbage.append((fs, info))
-    return garbage, young
+    ``cutoff`` (epoch seconds), and the count of younger ones; none when in doubt."""
+    plan = _table_plan(table, ice, [], cutoff)
+    return plan.garbage, plan.young
+
+
+def _table_roots(files: list[StoredFile]) -> set[str]:
+    """Folders that hold an Iceberg table: the parent of a ``metadata/*.metadata.json``."""
+    roots = set()
+    for f in files:
+        head, sep, name = f.uri.rpartition("/metadata/")
+        if sep and "/" not in name and name.endswith(".metadata.json"):
+            roots.add(head)
+    return roots
+
+
+def _orphan_plan(storage: Storage, warehouse: str, live: list[str], cutoff: float) -> tuple[_Plan, dict[str, int]]:
+    """Files of table folders under the warehouse that no catalog table owns, once all are old."""
+    plan, counts = _Plan(), {}
+    files = [f for f in storage.list(warehouse) if not _is_catalog_file(f)]
+    candidates = [f for f in files if not any(is_under(f.uri, loc) for loc in live)]
+    roots = sorted(_table_roots(candidates), key=len, reverse=True)
+    groups: dict[str, list[StoredFile]] = {}
+    unresolved = 0
+    for f in candidates:
+        root = next((r for r in roots if is_under(f.uri, r)), None)
+        if root is None:
+            unresolved += 1
+        else:
+            groups.setdefault(root, []).append(f)
+    if unresolved:
+        plan.refused[storage.canonical(warehouse)] = f"{unresolved} file(s) under no table folder were kept"
+    for root, group in groups.items():
+        if any(is_under(loc, root) for loc in live):
+            plan.refused[root] = "a live table lies inside this table folder; kept"
+        elif all(_old(f, cutoff) for f in group):
+            plan.garbage.extend(group)
+            counts[root] = len(group)
+        else:
+            plan.young += len(group)
+    return plan, counts
+
+
+def _warehouse_storage(lake: "Lake", tables: list[IcebergTable]) -> tuple[Storage, str] | None:
+    warehouse = getattr(lake, "warehouse", None)
+    if not warehouse:
+        return None
+    if tables:
+        return storage_of(tables[0].io), warehouse
+    return Storage(load_file_io(dict(lake.catalog.properties), warehouse)), warehouse
 
 
 def collect_garbage(lake: "Lake", older_than: timedelta = timedelta(days=3), dry_run: bool = False) -> GarbageReport:
-    """Delete files no retained snapshot of any ref references, older than the grace period."""
+    """Delete files no retained snapshot of any ref references, older than the grace period.
+
+    Raises GarbageCollectionError on a negative grace period (files of writes in
+    flight are younger than zero days only by clock skew). Tables or folders it
+    cannot prove garbage are kept and listed in ``report.refused``.
+    """
+    if not isinstance(older_than, timedelta) or older_than < timedelta(0):
+        raise GarbageCollectionError(f"the grace period must be a timedelta of zero or more, got {older_than!r}")
     t0 = time.perf_counter()
     report = GarbageReport(dry_run=dry_run)
     cutoff = time.time() - older_than.total_seconds()
+    loaded: list[tuple[str, "Table", IcebergTable]] = []
     for name in lake.tables():
-        table = lake.table(name)
-        ice = table.refresh()
-        garbage, young = unreferenced_files(table, ice, cutoff)
-        report.kept_young += young
+        try:
+            table = lake.table(name)
+            loaded.append((name, table, table.refresh()))
+        except Exception as e:  # noqa: BLE001 - an unloadable table: its files cannot be told apart
+            report.refused[name] = f"cannot be loaded ({type(e).__name__}: {e}); its files are kept"
+    unloadable = bool(report.refused)
+    locations = {name: storage_of(ice.io).canonical(ice.location()) for name, _, ice in loaded}
+    plans: list[tuple[str | None, _Plan]] = []
+    for name, table, ice in loaded:
+        nested = [loc for other, loc in locations.items() if other != name and is_under(loc, locations[name])]
+        plans.append((name, _table_plan(table, ice, nested, cutoff)))
+    where = _warehouse_storage(lake, [ice for _, _, ice in loaded])
+    if where is not None:
+        if unloadable:
+            report.refused[where[1]] = "a table could not be loaded, so no orphaned table folder is collected"
+        else:
+            orphans, report.orphans = _orphan_plan(where[0], where[1], list(locations.values()), cutoff)
+            plans.append((None, orphans))
+    for name, plan in plans:
+        report.kept_young += plan.young
+        report.refused.update(plan.refused)
         counts = {"files": 0, "bytes": 0}
-        for fs, info in garbage:
-            report.files.append(info.path)
-            report.bytes += info.size or 0
+        for f in plan.garbage:
+            report.files.append(f.uri)
+            report.bytes += f.size
             counts["files"] += 1
-            counts["bytes"] += info.size or 0
+            counts["bytes"] += f.size
             if not dry_run:
-                fs.delete_file(info.path)
-        report.tables[name] = counts
+                try:
+                    f.fs.delete_file(f.path)
+                except FileNotFoundError:
+                    pass  # another collector got there first
+        if name is not None:
+            report.tables[name] = counts
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def purge_files(lake: "Lake", name: str, ice: IcebergTable) -> int:
+    """Delete every file of a table just dropped from the catalog (``drop_table(purge=True)``).
+
+    Files under another table's location (nested) are kept. Returns the count deleted.
+    """
+    storage = storage_of(ice.io)
+    location = storage.canonical(ice.location())
+    others = []
+    for other in lake.tables():
+        try:
+            other_ice = lake.catalog.load_table(other)
+        except Exception:  # noqa: BLE001 - cannot tell what it owns: keep everything
+            return 0
+        others.append(storage_of(other_ice.io).canonical(other_ice.location()))
+    if any(is_under(location, loc) for loc in others):
+        return 0  # another table's folder holds this one: garbage collection decides file by file
+    folders = [ice.location()]
+    if lake.home is not None and ice.metadata.properties.get("featurelake.sequence.key"):
+        from featurelake.sequences import SequenceTable
+
+        folders.append(str(SequenceTable(lake, name, ice).store_root))
+    deleted = 0
+    for folder in folders:
+        for f in storage.list(folder):
+            if any(is_under(f.uri, loc) for loc in others) or _is_catalog_file(f):
+                continue
+            storage.delete(f)
+            deleted += 1
+    return deleted

@@ -84,6 +84,14 @@ def track(io: Any) -> Any:
     return io
 
 
+def note_created(io: Any, location: str) -> None:
+    """Record ``location`` as created through ``io`` when ``io`` is tracked (for writes that bypass
+    ``io.new_output``, such as the storage layer's streams)."""
+    created = getattr(io, _CREATED_ATTR, None)
+    if created is not None:
+        created.append(location)
+
+
 @contextmanager
 def recording() -> Iterator[_Recording]:
     """Collect the files created through FileIOs tracked inside the block (see :func:`track`)."""
@@ -167,4 +175,4 @@ def manifest_errors(io: Any, snapshot: Any) -> Iterator[None]:
         ) from e
 
 
-__all__ = ["delete_quietly_io", "track", "recording", "translate", "storage_errors", "manifest_errors", "unreadable_manifest"]
+__all__ = ["delete_quietly_io", "note_created", "track", "recording", "translate", "storage_errors", "manifest_errors", "unreadable_manifest"]

@@ -373,7 +373,7 @@ def maintenance_forecast(
         simulated = _MetadataView(ice, meta.model_copy(update={"snapshots": [s for s in meta.snapshots if s.snapshot_id in keep]}))
         garbage, young = unreferenced_files(table, simulated, now - grace.total_seconds())  # type: ignore[arg-type]
         files = len(garbage)
-        size = sum(info.size or 0 for _fs, info in garbage)
+        size = sum(f.size for f in garbage)
         report["tables"][name] = {"snapshots": len(expired), "files": files, "bytes": size, "kept_young": young}
         report["snapshots"] += len(expired)
         report["files"] += files

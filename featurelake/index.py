@@ -34,6 +34,7 @@ from pyiceberg.io import FileIO
 
 from featurelake.errors import CorruptFileError
 from featurelake.state import _LRU
+from featurelake.storage import platform_dir, storage_of
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table as IcebergTable
@@ -89,14 +90,13 @@ class _Loaded:
     """A segment's arrays, memory-mapped where the file is local."""
 
     def __init__(self, io: FileIO, path: str) -> None:
-        local = path.removeprefix("file://")
+        storage = storage_of(io)
         try:
-            if path.startswith("file://") or "://" not in path:
-                reader = pa.ipc.open_file(pa.memory_map(local, "r"))
+            if path.endswith(".arrow"):  # segments written before they were Parquet
+                table = pa.ipc.open_file(storage.map(path)).read_all()
             else:
-                with io.new_input(path).open() as f:
-                    reader = pa.ipc.open_file(pa.py_buffer(f.read()))
-            table = reader.read_all()
+                with storage.open(path) as f:
+                    table = pq.read_table(f)
             meta = table.schema.metadata or {}
             self.files: list[str] = json.loads(meta[b"files"])
             self.k = _column(table, "k")
@@ -133,10 +133,10 @@ def _write(io: FileIO, location: str, files: list[str], k: np.ndarray, f: np.nda
     order = np.argsort(k, kind="stable")
     k, f, p = k[order], f[order], p[order]
     table = pa.table({"k": k, "f": f, "p": p}).replace_schema_metadata({"files": json.dumps(files)})
-    path = f"{location.rstrip('/')}/index-{uuid.uuid4().hex}.arrow"
-    with io.new_output(path).create(overwrite=False) as out:
-        with pa.ipc.new_file(out, table.schema) as writer:
-            writer.write_table(table)  # one chunk: readers map it without copying
+    path = f"{location.rstrip('/')}/index-{uuid.uuid4().hex}.parquet"
+    with storage_of(io).write_new(path) as out:
+        # one row group: each column loads as one contiguous array
+        pq.write_table(table, out, row_group_size=max(len(k), 1), compression="zstd", use_dictionary=False, write_statistics=False)
     return Segment(path, len(k), int(k[0]), int(k[-1]), exact)
 
 
@@ -257,7 +257,7 @@ def read_key_columns(ice: "IcebergTable", path: str, key_columns: Sequence[str])
     """A data file's key columns in row order, matched by field id, under their current names."""
     schema = ice.schema()
     ids = [schema.find_field(k).field_id for k in key_columns]
-    with ice.io.new_input(path).open() as f:
+    with storage_of(ice.io).open(path) as f:
         pf = pq.ParquetFile(f)
         by_id = {}
         for field in pf.schema_arrow:
@@ -277,7 +277,7 @@ __all__ = ["Segment", "encode", "is_exact", "write_segment", "lookup", "merge", 
 
 
 def location_of(ice: "IcebergTable") -> str:
-    return f"{ice.location().rstrip('/')}/metadata/featurelake/index"
+    return f"{platform_dir(ice.location())}/index"
 
 
 def extend(ice: "IcebergTable", writer, new_files: Sequence[str], key_columns: Sequence[str], live_after: set[str]) -> None:

@@ -17,7 +17,7 @@ import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
 
-from featurelake.errors import InvalidNameError, TableExistsError, TableNotFoundError
+from featurelake.errors import CatalogConfigError, InvalidNameError, TableExistsError, TableNotFoundError
 from featurelake.guard import delete_quietly_io, recording, storage_errors, track
 from featurelake.schema import (
     build_partition_spec,
@@ -55,13 +55,16 @@ class Lake:
         if catalog is not None:
             self.home: Path | None = Path(home).resolve() if home is not None else None
             self.catalog = catalog
+            #: where the lake's tables live; garbage collection walks only this folder for orphans
+            self.warehouse: str | None = catalog.properties.get("warehouse")
             return
         home = Path(home if home is not None else os.environ.get("FEATURELAKE_HOME", DEFAULT_HOME)).resolve()
         warehouse = home / "warehouse"
         with storage_errors(f"open the lake at {home}"):
             warehouse.mkdir(parents=True, exist_ok=True)
             self.home = home
-            self.catalog = _sql_catalog(f"sqlite:///{home / 'catalog.db'}", warehouse.as_uri())
+            self.warehouse = str(warehouse)
+            self.catalog = _sql_catalog(_sqlite_url(home / "catalog.db"), self.warehouse)
 
     @classmethod
     def from_env(cls) -> "Lake":
@@ -72,11 +75,29 @@ class Lake:
         otherwise the embedded lake at ``FEATURELAKE_HOME`` (default
         ``./.featurelake``).
         """
+        named = os.environ.get("FEATURELAKE_CATALOG")
+        warehouse = os.environ.get("FEATURELAKE_WAREHOUSE")
+        if named:
+            return cls.from_catalog(named, **({"warehouse": warehouse} if warehouse else {}))
         uri = os.environ.get("FEATURELAKE_CATALOG_URI")
         if not uri:
             return cls(os.environ.get("FEATURELAKE_HOME", DEFAULT_HOME))
-        warehouse = os.environ.get("FEATURELAKE_WAREHOUSE")
         return cls.from_uri(uri, warehouse)
+
+    @classmethod
+    def from_catalog(cls, name: str, **properties: str) -> "Lake":
+        """Open the lake of a pyiceberg catalog configured by name, the way pyiceberg users do:
+        ``.pyiceberg.yaml`` or ``PYICEBERG_CATALOG__<NAME>__<PROPERTY>`` environment
+        variables (read now, so secrets come from the environment at run time)."""
+        from pyiceberg.catalog import load_catalog
+        from pyiceberg.utils.config import Config
+
+        configured = Config().get_catalog_config(name)
+        if not configured and not properties:
+            raise CatalogConfigError(
+                f"no pyiceberg catalog named {name!r}: configure it in .pyiceberg.yaml or PYICEBERG_CATALOG__{name.upper()}__URI"
+            )
+        return cls(catalog=load_catalog(name, **{**(configured or {}), **properties}))
 
     @classmethod
     def from_uri(cls, uri: str, warehouse: str | None = None, **properties: str) -> "Lake":
@@ -84,16 +105,18 @@ class Lake:
         if uri.startswith(("http://", "https://")):
             from pyiceberg.catalog.rest import RestCatalog
 
-            props = dict(properties, uri=uri)
+            props = dict(_env_properties(), **properties, uri=uri)
             if warehouse:
                 props["warehouse"] = warehouse
             return cls(catalog=RestCatalog(CATALOG_NAME, **props))
         if not warehouse:
             raise ValueError("a SQL catalog needs a warehouse location (FEATURELAKE_WAREHOUSE)")
         if "://" not in warehouse:
+            # a plain path, never a file: URI: pyiceberg takes a file: URI's path literally
+            # (no percent-decoding), so `a b` would land in a sibling folder named `a%20b`
             Path(warehouse).mkdir(parents=True, exist_ok=True)
-            warehouse = Path(warehouse).resolve().as_uri()
-        return cls(catalog=_sql_catalog(uri, warehouse, **properties))
+            warehouse = str(Path(warehouse).resolve())
+        return cls(catalog=_sql_catalog(uri, warehouse, **dict(_env_properties(), **properties)))
 
     # ------------------------------------------------------------------ tables
     def create_table(
@@ -207,13 +230,25 @@ class Lake:
         return sorted(names)
 
     @storage_errors("drop table")
-    def drop_table(self, name: str) -> None:
-        """Remove a table from the catalog (its files stay until garbage collection)."""
+    def drop_table(self, name: str, purge: bool = False) -> int:
+        """Remove a table from the catalog; returns the number of files deleted.
+
+        ``purge=False`` keeps its files: garbage collection removes the folder
+        once it is older than the grace period. ``purge=True`` deletes them now
+        (after the catalog drop, so no reader sees a half-deleted table; files
+        a failed purge leaves behind are collected later).
+        """
         _split_name(name)
         try:
+            ice = self.catalog.load_table(name) if purge else None
             self.catalog.drop_table(name)
         except NoSuchTableError as e:
             raise TableNotFoundError(f"no table {name!r} in the lake") from e
+        if ice is None:
+            return 0
+        from featurelake.gc import purge_files
+
+        return purge_files(self, name, ice)
 
     @storage_errors("collect garbage")
     def collect_garbage(self, older_than: timedelta = timedelta(days=3), dry_run: bool = False):
@@ -230,6 +265,22 @@ class Lake:
     def __repr__(self) -> str:
         where = str(self.home) if self.home else getattr(self.catalog, "name", "?")
         return f"Lake({where!r})"
+
+
+def _sqlite_url(path: Path) -> str:
+    """The SQLAlchemy URL of a SQLite file, escaped: a raw ``a%20b`` would open ``a b``'s catalog."""
+    from sqlalchemy.engine import URL
+
+    return URL.create("sqlite", database=str(path)).render_as_string(hide_password=False)
+
+
+def _env_properties() -> dict[str, str]:
+    """Catalog and FileIO properties from ``PYICEBERG_CATALOG__FEATURELAKE__*`` (e.g. the
+    S3 endpoint and keys of the ``FEATURELAKE_CATALOG_URI`` shortcut), read at run time."""
+    from pyiceberg.utils.config import Config
+
+    conf = Config().get_catalog_config(CATALOG_NAME) or {}
+    return {k: str(v) for k, v in conf.items() if not isinstance(v, dict) and k not in ("uri", "warehouse", "type")}
 
 
 def _sql_catalog(uri: str, warehouse: str, **properties: str) -> Catalog:

@@ -83,6 +83,7 @@ from featurelake.seqbuild import (
 )
 from featurelake.seqlookup import DEFAULT_BATCH_KEYS, SequenceStore, _as_array, _window_int
 from featurelake.seqstore import READERS, KeyCodec
+from featurelake.storage import storage_of
 from featurelake.table import MAIN, Table, _chunks
 
 if TYPE_CHECKING:
@@ -118,6 +119,7 @@ PROP_TIME = "featurelake.sequence.time"
 PROP_EVENT_ID = "featurelake.sequence.event-id"
 PROP_SYNTHETIC = "featurelake.sequence.event-id-synthetic"
 DEFAULT_EVENT_ID = "event_id"
+STORE_DIR = "sequence-store"  # under the table's folder when the lake has no home
 JOIN_SLICE_ROWS = 65_536
 
 
@@ -198,6 +200,19 @@ def _keeps_events(snapshot) -> bool:
     return summary.operation.value == "replace"
 
 
+def _build_serving(meta, snap, all_builds: list[BuildInfo]) -> BuildInfo | None:
+    """The newest build of ``snap``, or of the ancestor it shares its events with."""
+    # A compaction or an index rebuild changes files, not events: a build of the snapshot
+    # before it still serves (so maintenance never takes the store away from training reads).
+    for candidate in refs.ancestors(meta, snap):
+        matching = [b for b in all_builds if b.snapshot_id == candidate.snapshot_id]
+        if matching:
+            return matching[-1]
+        if not _keeps_events(candidate):
+            break
+    return None
+
+
 class SequenceTable(Table):
     """An event table plus its serving store (see the module docstring)."""
 
@@ -239,11 +254,9 @@ class SequenceTable(Table):
         if env:
             return Path(env) / self.name
         loc = self._ice.location()
-        if loc.startswith("file:") or "://" not in loc:
-            from urllib.parse import unquote, urlparse
-
-            local = unquote(urlparse(loc).path) if loc.startswith("file:") else loc
-            return Path(local) / "sequence-store"
+        local = storage_of(self._ice.io).local_path(loc)
+        if local is not None:  # garbage collection keeps its live builds (see live_builds)
+            return Path(local) / STORE_DIR
         raise SequenceBuildError(
             f"{self.name} lives at {loc}: set FEATURELAKE_SEQUENCE_HOME to a local folder for its sequence store"
         )
@@ -332,20 +345,32 @@ class SequenceTable(Table):
         snap = refs.resolve(ice.metadata, branch, snapshot_id)
         if snap is None:
             raise SequenceBuildError(f"{self.name}@{branch} has no events yet: append events and build first")
-        # A compaction or an index rebuild changes files, not events: a build of the snapshot
-        # before it still serves (so maintenance never takes the store away from training reads).
-        for candidate in refs.ancestors(ice.metadata, snap):
-            matching = [b for b in all_builds if b.snapshot_id == candidate.snapshot_id]
-            if matching:
-                return matching[-1]
-            if not _keeps_events(candidate):
-                break
+        found = _build_serving(ice.metadata, snap, all_builds)
+        if found is not None:
+            return found
         where = f"snapshot {snapshot_id}" if snapshot_id is not None else f"{branch} (snapshot {snap.snapshot_id})"
         latest = f"; the latest build reflects snapshot {all_builds[-1].snapshot_id}" if all_builds else "; there are no builds yet"
         raise SequenceBuildError(
             f"no sequence store build of {self.name} reflects {where}{latest}: run build(branch={branch!r})"
             + (f" or build(snapshot_id={snapshot_id})" if snapshot_id is not None else "")
         )
+
+    def live_builds(self, ice=None) -> list[BuildInfo]:
+        """The builds a retained snapshot may be served from; garbage collection keeps these.
+
+        That is every build of a snapshot still in the table's metadata, and the
+        build each retained snapshot resolves to (see ``build_for``). Builds of
+        expired snapshots that no retained one needs are dead.
+        """
+        meta = (ice or self.refresh()).metadata
+        all_builds = self.builds()
+        retained = {s.snapshot_id for s in meta.snapshots}
+        live = {b.build_id: b for b in all_builds if b.snapshot_id in retained}
+        for snap in meta.snapshots:
+            found = _build_serving(meta, snap, all_builds)
+            if found is not None:
+                live[found.build_id] = found
+        return sorted(live.values(), key=lambda b: (b.created_at, b.build_id))
 
     def drop_build(self, build_id: str) -> None:
         """Delete one build (later builds keep their own links to shared files)."""

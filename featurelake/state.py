@@ -37,6 +37,7 @@ from pyiceberg.table.snapshots import Snapshot
 
 from featurelake.errors import CorruptFileError
 from featurelake.refs import ancestors
+from featurelake.storage import storage_of
 
 STATE_KEY = "featurelake.state"
 N_SHARDS = 64
@@ -210,7 +211,7 @@ class StateWriter:
 
     def new_root_path(self) -> str:
         """A fresh root path, known before the commit that will reference it."""
-        return f"{self.location}/state-{uuid.uuid4().hex}.json"
+        return f"{self.location}/state-{uuid.uuid4().hex}.parquet"
 
     def write(self, root_path: str | None = None) -> str:
         """Write the changed shards and a new root; return the root's path.
@@ -240,8 +241,8 @@ class StateWriter:
             "index": self.index_segments,
         }
         root_path = root_path or self.new_root_path()
-        with self.io.new_output(root_path).create(overwrite=False) as out:
-            out.write(json.dumps(root).encode())
+        with storage_of(self.io).write_new(root_path) as out:
+            pq.write_table(pa.table({"state": [json.dumps(root)]}), out)
         return root_path
 
 
@@ -275,15 +276,14 @@ def _load_root(io: FileIO, path: str) -> PlatformState:
     cached = _ROOT_CACHE.get(path)
     if cached is None:
         try:
-            with io.new_input(path).open() as f:
-                raw = json.loads(f.read())
+            raw = json.loads(_root_text(storage_of(io).read(path)))
             cached = PlatformState(
                 root_path=path,
                 next_seq=int(raw["next_seq"]),
                 shard_info={int(k): _shard_info(v) for k, v in raw["shards"].items()},
                 index_segments=tuple(raw.get("index", ())),
             )
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, pa.ArrowException) as e:
             raise CorruptFileError(f"platform state file {path} is missing or unreadable: {e!r}", path) from e
         _ROOT_CACHE.put(path, cached)
     return replace(cached, io=io)
@@ -297,13 +297,21 @@ def _shard_info(v: dict) -> dict:
     return v
 
 
+def _root_text(data: bytes) -> str:
+    """The JSON of a root: a one-cell Parquet file (an Iceberg file type, which object
+    stores behind a catalog accept), or plain JSON as roots were first written."""
+    if data[:4] == b"PAR1":
+        return pq.read_table(pa.BufferReader(data)).column("state")[0].as_py()
+    return data.decode()
+
+
 def _load_shard(io: FileIO | None, path: str) -> dict[str, list[UpdateEntry]]:
     cached = _SHARD_CACHE.get(path)
     if cached is not None:
         return cached
     assert io is not None
     try:
-        with io.new_input(path).open() as f:
+        with storage_of(io).open(path) as f:
             tbl = pq.read_table(f)
     except (OSError, pa.ArrowInvalid) as e:
         raise CorruptFileError(f"platform state shard {path} is missing or unreadable: {e}", path) from e
@@ -342,5 +350,5 @@ def _write_shard(io: FileIO, path: str, entries: list[UpdateEntry]) -> None:
         },
         schema=_SHARD_SCHEMA,
     )
-    with io.new_output(path).create(overwrite=False) as out:
+    with storage_of(io).write_new(path) as out:
         pq.write_table(tbl, out, compression="zstd")

@@ -31,6 +31,7 @@ from featurelake.read import DEFAULT_BATCH, Scan, parse_filter
 from featurelake.schema import arrow_schema, conform, to_table
 from featurelake.schema import LOCATOR_FILE
 from featurelake.state import STATE_KEY, PlatformState, StateWriter, state_of
+from featurelake.storage import platform_dir
 
 if TYPE_CHECKING:
     from featurelake.lake import Lake
@@ -89,7 +90,7 @@ class Table:
         return {STATE_KEY: root} if root else {}
 
     def _platform_dir(self, ice: IcebergTable) -> str:
-        return f"{ice.location().rstrip('/')}/metadata/featurelake"
+        return platform_dir(ice.location())
 
     def _update_dir(self, ice: IcebergTable) -> str:
         return f"{ice.location().rstrip('/')}/data/_updates"

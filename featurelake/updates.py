@@ -51,6 +51,7 @@ from featurelake.schema import (
     to_table,
 )
 from featurelake.state import STATE_KEY, StateWriter, UpdateEntry
+from featurelake.storage import storage_of
 
 if TYPE_CHECKING:
     from featurelake.table import Table
@@ -245,9 +246,9 @@ def write_update_file(ice: IcebergTable, path: str, values: pa.Table, target: pa
     # Feature values are mostly distinct floats: a dictionary only adds bytes (measured: 714 KB
     # instead of 463 KB for 125k float32 values), so dictionaries are kept for the other columns.
     dictionary = [f.name for f in out_table.schema if not pa.types.is_floating(f.type)]
-    with ice.io.new_output(path).create(overwrite=False) as out:
+    with storage_of(ice.io).write_new(path) as out:
         pq.write_table(out_table, out, compression=codec, write_statistics=False, use_dictionary=dictionary)
-    return len(ice.io.new_input(path))
+        return out.tell()
 
 
 def add_columns(tx, data: pa.Table, new_columns: list[str]) -> None:

