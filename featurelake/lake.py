@@ -17,8 +17,9 @@ import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
 
-from featurelake.errors import InvalidNameError, TableExistsError, TableNotFoundError
+from featurelake.errors import CatalogUnavailableError, InvalidNameError, TableExistsError, TableNotFoundError
 from featurelake.schema import build_partition_spec, build_sort_order, iceberg_schema_from_arrow, table_properties
+from featurelake.secrets import redact, scrub, secrets_in
 
 if TYPE_CHECKING:
     from featurelake.table import Table
@@ -72,20 +73,20 @@ class Lake:
 
     @classmethod
     def from_uri(cls, uri: str, warehouse: str | None = None, **properties: str) -> "Lake":
-        """Open a lake on a configured catalog (no home folder)."""
-        if uri.startswith(("http://", "https://")):
-            from pyiceberg.catalog.rest import RestCatalog
+        """Open a lake on a configured catalog (no home folder).
 
-            props = dict(properties, uri=uri)
-            if warehouse:
-                props["warehouse"] = warehouse
-            return cls(catalog=RestCatalog(CATALOG_NAME, **props))
-        if not warehouse:
+        A catalog that cannot be opened raises :class:`CatalogUnavailableError`, whose message
+        carries neither the URI's password nor any secret property (see featurelake.secrets).
+        """
+        if not uri.startswith(("http://", "https://")) and not warehouse:
             raise ValueError("a SQL catalog needs a warehouse location (FEATURELAKE_WAREHOUSE)")
-        if "://" not in warehouse:
-            Path(warehouse).mkdir(parents=True, exist_ok=True)
-            warehouse = Path(warehouse).resolve().as_uri()
-        return cls(catalog=_sql_catalog(uri, warehouse, **properties))
+        try:
+            return cls(catalog=_open_catalog(uri, warehouse, **properties))
+        except Exception as e:  # the driver's own error: translated below, outside this handler
+            failure = f"{type(e).__name__}: {e}"
+        raise CatalogUnavailableError(
+            f"cannot open the catalog {redact(uri)}: {scrub(failure, secrets_in(uri, properties))}"
+        )
 
     # ------------------------------------------------------------------ tables
     def create_table(
@@ -195,9 +196,31 @@ class Lake:
 
         return collect_garbage(self, older_than, dry_run)
 
+    def describe(self) -> str:
+        """Where this lake lives, for people and logs, credentials redacted (featurelake.secrets)."""
+        if self.home is not None:
+            return f"embedded lake at {self.home}"
+        props = getattr(self.catalog, "properties", {}) or {}
+        where = props.get("uri") or getattr(self.catalog, "name", "?")
+        return redact(f"catalog {where} (warehouse {props.get('warehouse') or 'default'})")
+
     def __repr__(self) -> str:
         where = str(self.home) if self.home else getattr(self.catalog, "name", "?")
         return f"Lake({where!r})"
+
+
+def _open_catalog(uri: str, warehouse: str | None, **properties: str) -> Catalog:
+    if uri.startswith(("http://", "https://")):
+        from pyiceberg.catalog.rest import RestCatalog
+
+        props = dict(properties, uri=uri)
+        if warehouse:
+            props["warehouse"] = warehouse
+        return RestCatalog(CATALOG_NAME, **props)
+    if "://" not in warehouse:
+        Path(warehouse).mkdir(parents=True, exist_ok=True)
+        warehouse = Path(warehouse).resolve().as_uri()
+    return _sql_catalog(uri, warehouse, **properties)
 
 
 def _sql_catalog(uri: str, warehouse: str, **properties: str) -> Catalog:

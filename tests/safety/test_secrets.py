@@ -127,10 +127,11 @@ def test_password_never_reaches_dagster_logs_or_cli(secret_catalog, tmp_path, mo
         instance.dispose()
         clear_lake_cache()
 
-    cli = [_cli("--json", "tables"), _cli("--json", "stats", TABLE)]
+    cli = [_cli("--json", "tables"), _cli("--json", "stats", TABLE), _cli("tables")]
     assert all(r.exit_code == 0 for r in cli), [r.text for r in cli]
     assert TABLE in json.dumps(json.loads(cli[0].stdout))
     assert json.loads(cli[1].stdout)["rows"] == 60
+    assert "fl_secret_" in cli[2].stdout and MASK in cli[2].stdout  # the human listing names the catalog
     down = _cli("--json", "tables", FEATURELAKE_CATALOG_URI=uri.replace("127.0.0.1:5432", "127.0.0.1:1"))
     assert down.exit_code == 1 and "cannot open the catalog" in down.text and "Traceback" not in down.text
 
