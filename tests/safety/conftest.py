@@ -49,3 +49,11 @@ def secret_catalog(pg_database):
             c.execute(sa.text(f'ALTER DATABASE "{url.database}" OWNER TO postgres'))
             c.execute(sa.text(f"DROP ROLE IF EXISTS {role}"))
         admin.dispose()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """How many kill -9 trials ran, by write kind and the state each left (this process only)."""
+    ops = sys.modules.get("crash_ops")
+    if ops is not None and ops.TRIALS:
+        total = sum(ops.TRIALS.values())
+        terminalreporter.write_line(f"crash suite: {total} kill -9 trials: {dict(sorted(ops.TRIALS.items()))}")

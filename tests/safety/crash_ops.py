@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import time
+from collections import Counter
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -23,6 +24,8 @@ TABLE = "ns.t"
 NEW_TABLE = "ns.t2"
 KEY = "id"
 SCHEMA = pa.schema([pa.field(KEY, pa.int64(), nullable=False), pa.field("v", pa.int64()), pa.field("s", pa.string())])
+
+TRIALS: Counter = Counter()  # "<kind>:<pre|post>" -> trials run in this process
 
 KINDS = (
     "append", "backfill", "upsert", "delete", "merge", "rebase", "revert", "compact",

@@ -24,7 +24,6 @@ import random
 import shutil
 import signal
 import time
-from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 
@@ -37,7 +36,7 @@ from featurelake import Lake
 SEED = int(os.environ.get("FEATURELAKE_CRASH_SEED", "0"))
 POINTS_PER_KIND = 2  # default run: deterministic points per kind (plus one random delay)
 RANDOM_DELAYS_LONG = 6
-TRIALS: Counter = Counter()  # what ran, for the summary line
+TRIALS = ops.TRIALS  # what ran: printed in the terminal summary (tests/safety/conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +55,7 @@ def base(tmp_path_factory):
     ice = Lake(root / "lake").table(ops.TABLE).refresh()
     pre_ids = {name: ref.snapshot_id for name, ref in ice.metadata.refs.items()}
     assert set(pre_ids) == {"main", "dev"}
-    yield root, names, pre_ids
-    print(f"\ncrash suite (seed {SEED}): {sum(TRIALS.values())} trials, {dict(TRIALS)}")
+    return root, names, pre_ids
 
 
 def _fresh(root: Path) -> Path:
