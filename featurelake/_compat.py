@@ -5,14 +5,31 @@ projects Arrow data to an Iceberg schema (on write and on read), so a null
 list of structs turns into an empty list. Upstream's code passes no mask to
 ``LargeListArray.from_arrays``; the patch below passes it. Remove this module
 once the pinned pyiceberg carries the fix (tests/test_backfill.py's property
-test catches a regression).
+test catches a regression). The patch is process-wide (any pyiceberg read in the process runs
+it), so it must handle every array pyiceberg can hand it, sliced ones included
+(tests/safety/test_compat.py scans nested data with plain pyiceberg against a pyarrow oracle).
 """
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.io import pyarrow as _pio
 
 _original_list = _pio.ArrowProjectionVisitor.list
+
+
+def _zero_based(list_array: pa.Array, value_array: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """The list's offsets rebased to start at 0, and the slice of the values they cover.
+
+    A sliced list (pyarrow's scanner slices row groups larger than its batch size, e.g. after
+    ``compact``) has offsets that are themselves a slice into the full values; Arrow refuses to
+    combine such offsets with a validity mask ("Null bitmap with offsets slice not supported").
+    """
+    offsets = list_array.offsets.cast(pa.int64())
+    if len(offsets) == 0:
+        return pa.array([0], pa.int64()), value_array.slice(0, 0)
+    start, end = offsets[0].as_py(), offsets[-1].as_py()
+    return pc.subtract(offsets, pa.scalar(start, pa.int64())), value_array.slice(start, end - start)
 
 
 def _list_keeping_nulls(self, list_type, list_array, value_array):
@@ -21,13 +38,11 @@ def _list_keeping_nulls(self, list_type, list_array, value_array):
         and isinstance(value_array, pa.StructArray)
         and list_array.null_count
     ):
-        offsets = list_array.offsets
-        if isinstance(list_array, pa.ListArray):
-            offsets = offsets.cast(pa.int64())
-        rebuilt = pa.LargeListArray.from_arrays(offsets, value_array, mask=list_array.is_null())
-        value_array = self._cast_if_needed(list_type.element_field, value_array)
+        offsets, values = _zero_based(list_array, value_array)
+        rebuilt = pa.LargeListArray.from_arrays(offsets, values, mask=list_array.is_null())
+        values = self._cast_if_needed(list_type.element_field, values)
         initializer = pa.large_list if isinstance(list_array, pa.LargeListArray) else pa.list_
-        return rebuilt.cast(initializer(self._construct_field(list_type.element_field, value_array.type)))
+        return rebuilt.cast(initializer(self._construct_field(list_type.element_field, values.type)))
     return _original_list(self, list_type, list_array, value_array)
 
 

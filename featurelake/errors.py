@@ -60,6 +60,10 @@ class TableExistsError(FeatureLakeError):
     """A table of that name already exists."""
 
 
+class CatalogUnavailableError(FeatureLakeError):
+    """The catalog cannot be opened or reached; the message names it without its credentials."""
+
+
 class InvalidNameError(FeatureLakeError):
     """A table, branch, tag or column name is not allowed."""
 
@@ -124,6 +128,7 @@ __all__ = [
     "InvalidNameError",
     "InvalidArgumentError",
     "StorageError",
+    "CatalogUnavailableError",
     "MergeConflictError",
     "CommitConflictError",
     "QualityGateError",

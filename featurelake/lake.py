@@ -17,7 +17,13 @@ import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
 
-from featurelake.errors import CatalogConfigError, InvalidNameError, TableExistsError, TableNotFoundError
+from featurelake.errors import (
+    CatalogConfigError,
+    CatalogUnavailableError,
+    InvalidNameError,
+    TableExistsError,
+    TableNotFoundError,
+)
 from featurelake.guard import delete_quietly_io, recording, storage_errors, track
 from featurelake.schema import (
     build_partition_spec,
@@ -26,6 +32,7 @@ from featurelake.schema import (
     iceberg_schema_from_arrow,
     table_properties,
 )
+from featurelake.secrets import redact, scrub, secrets_in
 
 if TYPE_CHECKING:
     from featurelake.table import Table
@@ -101,22 +108,20 @@ class Lake:
 
     @classmethod
     def from_uri(cls, uri: str, warehouse: str | None = None, **properties: str) -> "Lake":
-        """Open a lake on a configured catalog (no home folder)."""
-        if uri.startswith(("http://", "https://")):
-            from pyiceberg.catalog.rest import RestCatalog
+        """Open a lake on a configured catalog (no home folder).
 
-            props = dict(_env_properties(), **properties, uri=uri)
-            if warehouse:
-                props["warehouse"] = warehouse
-            return cls(catalog=RestCatalog(CATALOG_NAME, **props))
-        if not warehouse:
+        A catalog that cannot be opened raises :class:`CatalogUnavailableError`, whose message
+        carries neither the URI's password nor any secret property (see featurelake.secrets).
+        """
+        if not uri.startswith(("http://", "https://")) and not warehouse:
             raise ValueError("a SQL catalog needs a warehouse location (FEATURELAKE_WAREHOUSE)")
-        if "://" not in warehouse:
-            # a plain path, never a file: URI: pyiceberg takes a file: URI's path literally
-            # (no percent-decoding), so `a b` would land in a sibling folder named `a%20b`
-            Path(warehouse).mkdir(parents=True, exist_ok=True)
-            warehouse = str(Path(warehouse).resolve())
-        return cls(catalog=_sql_catalog(uri, warehouse, **dict(_env_properties(), **properties)))
+        try:
+            return cls(catalog=_open_catalog(uri, warehouse, **properties))
+        except Exception as e:  # the driver's own error: translated below, outside this handler
+            failure = f"{type(e).__name__}: {e}"
+        raise CatalogUnavailableError(
+            f"cannot open the catalog {redact(uri)}: {scrub(failure, secrets_in(uri, properties))}"
+        )
 
     # ------------------------------------------------------------------ tables
     def create_table(
@@ -262,6 +267,14 @@ class Lake:
 
         return collect_garbage(self, older_than, dry_run)
 
+    def describe(self) -> str:
+        """Where this lake lives, for people and logs, credentials redacted (featurelake.secrets)."""
+        if self.home is not None:
+            return f"embedded lake at {self.home}"
+        props = getattr(self.catalog, "properties", {}) or {}
+        where = props.get("uri") or getattr(self.catalog, "name", "?")
+        return redact(f"catalog {where} (warehouse {props.get('warehouse') or 'default'})")
+
     def __repr__(self) -> str:
         where = str(self.home) if self.home else getattr(self.catalog, "name", "?")
         return f"Lake({where!r})"
@@ -281,6 +294,23 @@ def _env_properties() -> dict[str, str]:
 
     conf = Config().get_catalog_config(CATALOG_NAME) or {}
     return {k: str(v) for k, v in conf.items() if not isinstance(v, dict) and k not in ("uri", "warehouse", "type")}
+
+
+def _open_catalog(uri: str, warehouse: str | None, **properties: str) -> Catalog:
+    props = dict(_env_properties(), **properties)
+    if uri.startswith(("http://", "https://")):
+        from pyiceberg.catalog.rest import RestCatalog
+
+        props["uri"] = uri
+        if warehouse:
+            props["warehouse"] = warehouse
+        return RestCatalog(CATALOG_NAME, **props)
+    if "://" not in warehouse:
+        # a plain path, never a file: URI: pyiceberg takes a file: URI's path literally
+        # (no percent-decoding), so `a b` would land in a sibling folder named `a%20b`
+        Path(warehouse).mkdir(parents=True, exist_ok=True)
+        warehouse = str(Path(warehouse).resolve())
+    return _sql_catalog(uri, warehouse, **props)
 
 
 def _sql_catalog(uri: str, warehouse: str, **properties: str) -> Catalog:

@@ -11,6 +11,11 @@ The resource only decides *which* lake to open; all work is done by the engine.
 
 Opening a lake (catalog connection, metadata) is not free, so lakes are cached per
 process, keyed by their resolved configuration.
+
+Secrets stay out of Dagster: :func:`lake_resource_from_env` binds the catalog URI as
+``EnvVar("FEATURELAKE_CATALOG_URI")`` (resolved at run time, so the job snapshot stores only
+the variable's name), and :meth:`LakeResource.describe` redacts credentials
+(featurelake.secrets), so materialization metadata, logs and Failure messages never carry them.
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from dagster import ConfigurableResource
+from dagster import ConfigurableResource, EnvVar
 from pydantic import Field
 
 if TYPE_CHECKING:  # the engine is imported lazily: loading definitions stays cheap
@@ -50,7 +55,8 @@ class LakeResource(ConfigurableResource):
     )
     catalog_uri: Optional[str] = Field(
         default=None,
-        description="Catalog URI (e.g. postgresql+psycopg2://..., sqlite:///..., http(s):// REST).",
+        description="Catalog URI (e.g. postgresql+psycopg2://..., sqlite:///..., http(s):// REST). "
+        "A URI with a password belongs in the environment: pass EnvVar('FEATURELAKE_CATALOG_URI').",
     )
     warehouse: Optional[str] = Field(
         default=None,
@@ -67,7 +73,7 @@ class LakeResource(ConfigurableResource):
         if self.home:
             return ("home", _resolved_home(self.home))
         if self.catalog_uri:
-            return ("catalog", self.catalog_uri, self.warehouse or "")
+            return ("catalog", _value(self.catalog_uri), _value(self.warehouse) or "")
         if os.environ.get("FEATURELAKE_HOME"):
             return ("home", _resolved_home(os.environ["FEATURELAKE_HOME"]))
         if os.environ.get("FEATURELAKE_CATALOG_URI"):
@@ -80,10 +86,12 @@ class LakeResource(ConfigurableResource):
 
     def describe(self) -> str:
         """Where this resource points, for logs and metadata."""
+        from featurelake.secrets import redact
+
         key = self._key()
         if key[0] == "home":
             return f"embedded lake at {key[1]}"
-        return f"catalog {key[1]} (warehouse {key[2] or 'default'})"
+        return redact(f"catalog {key[1]} (warehouse {key[2] or 'default'})")
 
     def lake(self) -> "Lake":
         """The :class:`featurelake.Lake` for this configuration (cached per process)."""
@@ -118,6 +126,12 @@ class LakeResource(ConfigurableResource):
         return root
 
 
+def _value(field: Optional[str]) -> Optional[str]:
+    """A field's value; an ``EnvVar`` not yet resolved by Dagster (the resource used outside a
+    run, e.g. in a notebook) is read from the environment now."""
+    return field.get_value() if isinstance(field, EnvVar) else field
+
+
 def _open(key: tuple) -> "Lake":
     from featurelake import Lake
 
@@ -133,12 +147,20 @@ def lake_resource_from_env(env: Optional[dict] = None) -> LakeResource:
     FEATURELAKE_HOME -> embedded lake there; else FEATURELAKE_CATALOG_URI (+
     FEATURELAKE_WAREHOUSE) -> that catalog; else the embedded lake in ./.featurelake.
     FEATURELAKE_LANDING overrides where raw landing files go.
+
+    With ``env`` None (a deployment) the catalog URI and warehouse are bound as ``EnvVar``s:
+    Dagster reads them at run time and stores only their names in job snapshots. An explicit
+    ``env`` mapping is used as given.
     """
+    from_process = env is None
     env = os.environ if env is None else env
     landing = env.get("FEATURELAKE_LANDING") or None
     if env.get("FEATURELAKE_HOME"):
         return LakeResource(home=env["FEATURELAKE_HOME"], landing=landing)
     if env.get("FEATURELAKE_CATALOG_URI"):
+        if from_process:
+            warehouse = EnvVar("FEATURELAKE_WAREHOUSE") if env.get("FEATURELAKE_WAREHOUSE") else None
+            return LakeResource(catalog_uri=EnvVar("FEATURELAKE_CATALOG_URI"), warehouse=warehouse, landing=landing)
         return LakeResource(
             catalog_uri=env["FEATURELAKE_CATALOG_URI"],
             warehouse=env.get("FEATURELAKE_WAREHOUSE") or None,

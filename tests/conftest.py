@@ -8,6 +8,15 @@ import pytest
 
 from featurelake import Lake
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--long",
+        action="store_true",
+        default=False,
+        help="safety suite: try every crash point of every write kind and more random kills (slow)",
+    )
+
+
 PG_URL = os.environ.get("FEATURELAKE_TEST_PG", "postgresql+psycopg2://postgres@127.0.0.1:5432/{db}")
 
 

@@ -272,7 +272,7 @@ def _first_rows_reported(t: Any, limit: int, kwargs: dict[str, Any]) -> tuple[pa
 
 
 def _describe(lake: Lake) -> str:
-    return str(lake.home) if lake.home is not None else getattr(lake.catalog, "name", "the configured catalog")
+    return str(lake.home) if lake.home is not None else lake.describe()
 
 
 def _engine_method(t: Any, name: str) -> Callable[..., Any]:
