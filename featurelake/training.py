@@ -28,8 +28,9 @@ How:
 * **Sampling.** Whether a row is kept is decided by a hash of ``(seed,
   data file, row position)``, so it does not depend on the sharding, the
   epoch or the batch size. ``label_rates`` keeps each label value at its own
-  rate; ``weight_column`` then carries ``1 / rate`` so the loss stays
-  unbiased (standard negative downsampling).
+  rate; ``weight_column`` then carries ``1 / label rate`` so the loss stays
+  unbiased (standard negative downsampling). A uniform ``sample`` keeps the
+  label mix, so it does not change the weights.
 * **Batches** have exactly ``batch_size`` rows, except each worker's last
   one, which ``drop_last`` drops.
 
@@ -475,7 +476,7 @@ class _WindowReader:
                 self.layers = {unit.task: self.r.scan.layers_for(task.file.file_path), **self.layers}
             per = max(1, -(-self.r.shuffle_buffer // self.r.interleave))
             self.streams[slot] = self.r.scan.read_range(
-                task, start, unit.stop, layers=self.layers[unit.task], batch_size=min(per, 65_536)
+                task, start, unit.stop, layers=self.layers[unit.task], batch_size=max(per, 65_536)
             )
         return self.streams[slot]
 
@@ -525,13 +526,6 @@ class _WindowReader:
             return pa.table({}), np.empty(0, np.int64)
         rows = pa.Table.from_batches(parts, schema=parts[0].schema)
         idx = np.concatenate(local)
-        if r.shuffle:
-            perm = np.random.default_rng([r.seed, epoch, worker, w]).permutation(offset)
-            rank = np.empty(offset, np.int64)
-            rank[perm] = np.arange(offset, dtype=np.int64)
-            ranks = rank[idx]
-        else:
-            ranks = idx.astype(np.int64)
         keep = None
         if uniforms:
             rate = np.full(rows.num_rows, r.sample if r.sample is not None else 1.0)
@@ -546,11 +540,18 @@ class _WindowReader:
                 rows = rows.append_column(pa.field(r.weight_column, pa.float32(), nullable=False), pa.array((1.0 / label_rate).astype(np.float32)))
         elif r.weight_column is not None:
             rows = rows.append_column(pa.field(r.weight_column, pa.float32(), nullable=False), pa.array(np.ones(rows.num_rows, np.float32)))
-        if keep is not None:
-            rows, ranks = rows.filter(pa.array(keep)), ranks[keep]
-        if r.shuffle and rows.num_rows > 1:
-            order = np.argsort(ranks, kind="stable")
-            rows, ranks = rows.take(pa.array(order)), ranks[order]
+        survivors = np.arange(rows.num_rows) if keep is None else np.flatnonzero(keep)
+        if r.shuffle:  # emit in the window's random order: walk the permutation, keeping survivors
+            perm = np.random.default_rng([r.seed, epoch, worker, w]).permutation(offset)
+            row_of = np.full(offset, -1, np.int64)
+            row_of[idx[survivors]] = survivors
+            picked = row_of[perm]
+            found = picked >= 0
+            order, ranks = picked[found], np.flatnonzero(found)
+        else:
+            order, ranks = survivors, idx[survivors].astype(np.int64)
+        if keep is not None or r.shuffle:
+            rows = rows.take(pa.array(order))
         return rows, ranks
 
 

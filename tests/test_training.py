@@ -277,3 +277,10 @@ def test_sequence_join(lake):
 def test_bad_arguments_are_refused(samples, kw, error):
     with pytest.raises(error):
         TrainingReader(samples, **kw)
+
+
+def test_empty_table_and_filter_that_prunes_everything(lake, samples):
+    empty = lake.create_table("ml.empty", pa.schema([pa.field("k", pa.int64(), nullable=False)]), primary_key="k")
+    r = TrainingReader(empty, batch_size=10, world_size=2, rank=1)
+    assert list(r) == [] and r.num_rows == 0 and r.state_dict()["finished"]
+    assert list(TrainingReader(samples, filter="k < 0")) == []
