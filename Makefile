@@ -7,7 +7,7 @@ HOME_DIR ?= $(CURDIR)/.featurelake
 export FEATURELAKE_HOME ?= $(HOME_DIR)
 export DAGSTER_HOME ?= $(FEATURELAKE_HOME)/dagster
 
-.PHONY: setup demo test ui bench clean
+.PHONY: setup demo test test-torch ui bench clean
 
 setup: $(STAMP)
 
@@ -22,6 +22,11 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q -n 2 --dist loadgroup
+
+# The torch extra (several GB with CUDA) is installed only here; the torch tests skip without it.
+test-torch: setup
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev,torch]"
+	$(PY) -m pytest -q -rs tests/test_torch.py
 
 ui: setup
 	mkdir -p "$(DAGSTER_HOME)"

@@ -32,6 +32,7 @@ REGISTRY: dict[str, str] = {
     "upsert": "benchmarks.upsert",
     "maintenance": "benchmarks.maintenance",
     "sequences": "benchmarks.sequences",
+    "training": "benchmarks.training",
 }
 
 

@@ -218,22 +218,27 @@ class Scan:
                 time.sleep(0.05 * 2**attempt)
 
     def _read_columns(
-        self, path: str, requested: Schema, extra_ids: Sequence[int] = (), batch_size: int | None = None
+        self, path: str, requested: Schema, extra_ids: Sequence[int] = (), batch_size: int | None = None,
+        rows: tuple[int, int] | None = None,
     ) -> Iterator[tuple[pa.RecordBatch, pa.RecordBatch | None]]:
         """Batches of ``requested`` (by field id, in current names), plus extra columns raw.
 
         ``batch_size`` 0 reads the whole file in one go (for whole-table reads).
+        ``rows`` = (start, stop) reads only that row range, decoding only the row
+        groups that overlap it.
         """
         pf = self._open(path)
         projected, columns, extra = _projection(pf.schema_arrow, frozenset(f.field_id for f in requested.fields), tuple(extra_ids))
         if not columns and not extra:
-            n = pf.metadata.num_rows
-            step = batch_size or n or 1
-            for start in range(0, n, step):
-                yield _empty_batch(requested, min(step, n - start)), None
+            lo, hi = rows if rows is not None else (0, pf.metadata.num_rows)
+            step = batch_size or (hi - lo) or 1
+            for start in range(lo, hi, step):
+                yield _empty_batch(requested, min(step, hi - start)), None
             return
         try:
-            if batch_size == 0:  # the whole file at once: Arrow decodes its row groups in parallel
+            if rows is not None:
+                batches = _row_range(pf, rows, batch_size or self.batch_size, columns + extra)
+            elif batch_size == 0:  # the whole file at once: Arrow decodes its row groups in parallel
                 batches = pf.read(columns=columns + extra, use_threads=True).to_batches()
             else:
                 batches = pf.iter_batches(batch_size=batch_size or self.batch_size, columns=columns + extra, use_threads=True)
@@ -263,11 +268,44 @@ class Scan:
             self.report.update_files_read += 1
         return layers
 
+    def layers_for(self, path: str) -> list[tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]]:
+        """The update layers of one data file that touch the projection (loaded now)."""
+        entries = self.state.entries_for(path) if not self.state.empty else []
+        return self._load_layers(entries) if entries else []
+
+    def read_range(
+        self, task: FileScanTask, start: int, stop: int, layers: list | None = None, batch_size: int | None = None
+    ) -> Iterator[tuple[pa.RecordBatch, np.ndarray, int]]:
+        """Merged, filtered, projected batches of rows [start, stop) of one data file.
+
+        Yields ``(batch, positions, end)``: the rows of source rows [.., end)
+        that passed the filter, and their row positions in the file. Streaming
+        readers that resume at an exact row (training reads) need both.
+        ``layers`` (from :meth:`layers_for`) saves reloading them per range.
+        """
+        path = task.file.file_path
+        if layers is None:
+            layers = self.layers_for(path)
+        pos = start
+        for base, _ in self._read_columns(path, self.read_schema, batch_size=batch_size, rows=(start, stop)):
+            n = base.num_rows
+            merged = _apply_layers(base, layers, pos) if layers else base
+            merged = _with_locator(merged, path, pos) if self.with_locator else merged.append_column(
+                LOCATOR_POS, pa.array(np.arange(pos, pos + n, dtype=np.int64)))
+            pos += n
+            if self.arrow_filter is not None:
+                merged = merged.filter(self.arrow_filter)
+            positions = merged.column(LOCATOR_POS).to_numpy()
+            yield self._output(merged), positions, pos
+
+    def _output(self, merged: pa.RecordBatch) -> pa.RecordBatch:
+        out = merged.select(self.columns + ([LOCATOR_FILE, LOCATOR_POS] if self.with_locator else []))
+        return out.cast(self.output_schema) if not out.schema.equals(self.output_schema) else out
+
     def read_file(self, task: FileScanTask, whole: bool = False) -> Iterator[pa.RecordBatch]:
         """Merged, filtered, projected batches of one data file (``whole``: read it in one go)."""
         path = task.file.file_path
-        entries = self.state.entries_for(path) if not self.state.empty else []
-        layers = self._load_layers(entries) if entries else []
+        layers = self.layers_for(path)
         start = 0
         for base, _ in self._read_columns(path, self.read_schema, batch_size=0 if whole else None):
             n = base.num_rows
@@ -277,8 +315,7 @@ class Scan:
             start += n
             if self.arrow_filter is not None:
                 merged = merged.filter(self.arrow_filter)
-            out = merged.select(self.columns + ([LOCATOR_FILE, LOCATOR_POS] if self.with_locator else []))
-            yield out.cast(self.output_schema) if not out.schema.equals(self.output_schema) else out
+            yield self._output(merged)
 
     def _guarded(self, task: FileScanTask, budget: int, whole: bool = False) -> list[pa.RecordBatch] | None:
         """Read a whole file; None when it is bad and the budget allows skipping it."""
@@ -376,6 +413,29 @@ def _projection(arrow: pa.Schema, ids: frozenset[int], extra_ids: tuple[int, ...
             _PROJECTIONS.clear()
         found = _PROJECTIONS[key] = (projected, [c.name for c in projected.columns], extra)
     return found
+
+
+def _row_range(pf: pq.ParquetFile, rows: tuple[int, int], batch_size: int, columns: list[str]) -> Iterator[pa.RecordBatch]:
+    """Batches of rows [start, stop) of a Parquet file: only the overlapping row groups are decoded."""
+    start, stop = rows
+    groups, first, offset = [], 0, 0
+    for i in range(pf.metadata.num_row_groups):
+        n = pf.metadata.row_group(i).num_rows
+        if offset < stop and offset + n > start:
+            if not groups:
+                first = offset
+            groups.append(i)
+        offset += n
+    if not groups:
+        return
+    pos = first
+    for batch in pf.iter_batches(batch_size=batch_size, row_groups=groups, columns=columns, use_threads=True):
+        lo, hi = max(start, pos), min(stop, pos + batch.num_rows)
+        if hi > lo:
+            yield batch.slice(lo - pos, hi - lo)
+        pos += batch.num_rows
+        if pos >= stop:
+            return
 
 
 def _empty_batch(schema: Schema, rows: int) -> pa.RecordBatch:

@@ -1,0 +1,286 @@
+"""The framework-free training reader: sharding, shuffle, batches, sampling and resume against oracles.
+
+The oracle is ``t.read``: the set (and values) of the rows of the snapshot.
+Tables are small (a few thousand rows in several files with several row groups
+each, one update layer) so the whole file runs in a few seconds.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from featurelake import Lake
+from featurelake.errors import FeatureLakeError, SchemaMismatchError
+from featurelake.training import TrainingReader, shuffle_quality
+
+FILES = 7
+ROW_GROUP = 300  # rows per Parquet row group: each file has several
+
+
+@pytest.fixture(scope="module")
+def samples(tmp_path_factory):
+    """Read-only for the tests that share it (module scope keeps the file fast)."""
+    return make_samples(Lake(tmp_path_factory.mktemp("training") / "lake"))
+
+
+def make_samples(lake):
+    """7 files of 700..1300 rows in 300-row groups; ``x`` backfilled on 10% of rows (an update layer)."""
+    schema = pa.schema([
+        pa.field("k", pa.int64(), nullable=False),
+        pa.field("x", pa.float64()),
+        pa.field("label", pa.int32()),
+        pa.field("tags", pa.list_(pa.int32())),
+    ])
+    t = lake.create_table("ml.samples", schema, primary_key="k",
+                          properties={"write.parquet.row-group-limit": str(ROW_GROUP)})
+    rng = np.random.default_rng(0)
+    for i in range(FILES):
+        n = 700 + 100 * i
+        k = np.arange(i * 100_000, i * 100_000 + n, dtype=np.int64)
+        lens = rng.integers(0, 4, n)
+        tags = pa.ListArray.from_arrays(pa.array(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)),
+                                        pa.array(rng.integers(0, 100, int(lens.sum()), dtype=np.int32)))
+        t.append(pa.table({"k": k, "x": k.astype(np.float64), "label": (rng.random(n) < 0.2).astype(np.int32),
+                           "tags": tags}, schema=schema))
+    all_k = t.read(columns=["k"]).column("k").to_numpy()
+    upd = rng.choice(all_k, size=len(all_k) // 10, replace=False)
+    t.backfill(pa.table({"k": upd, "x": -upd.astype(np.float64)}))
+    return t
+
+
+def keys_of(batches) -> list[int]:
+    return [k for b in batches for k in b.column("k").to_pylist()]
+
+
+def test_units_are_row_groups(samples):
+    r = TrainingReader(samples)
+    assert len(r.tasks) == FILES
+    assert len(r.units) == sum(math.ceil((700 + 100 * i) / ROW_GROUP) for i in range(FILES))
+    assert r.num_rows == samples.read(columns=["k"]).num_rows
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 8])
+@pytest.mark.parametrize("loader_workers", [0, 1, 2])
+def test_sharding_reads_every_row_once(samples, world_size, loader_workers):
+    """Every (rank, worker) pair together reads each row exactly once, with merged values; shares balanced."""
+    oracle = samples.read(columns=["k", "x"]).sort_by("k")
+    workers = max(1, loader_workers)  # 0 data-loader workers: the main process reads, as worker 0 of 1
+    got, rows, batches = [], [], []
+    for rank in range(world_size):
+        for w in range(workers):
+            r = TrainingReader(samples, columns=["k", "x"], batch_size=64, seed=3, rank=rank, world_size=world_size,
+                               worker_id=w, num_workers=workers, shuffle_buffer=256, interleave=3)
+            out = list(r)
+            assert all(b.num_rows == 64 for b in out[:-1]) and 0 < out[-1].num_rows <= 64
+            assert sum(b.num_rows for b in out) == r.shard_rows()
+            got.extend(out)
+            rows.append(r.shard_rows())
+            batches.append(len(out))
+    table = pa.Table.from_batches(got).sort_by("k")
+    assert table.equals(oracle)  # no row lost or repeated, update layer applied
+    assert max(rows) - min(rows) <= 1
+    assert max(batches) - min(batches) <= 1
+
+
+def test_shuffle_is_deterministic_per_seed_and_epoch(samples):
+    def order(**kw):
+        return keys_of(TrainingReader(samples, columns=["k"], batch_size=100, shuffle_buffer=512, **kw))
+
+    first = order(seed=1, epoch=0)
+    assert first == order(seed=1, epoch=0)
+    assert sorted(first) == sorted(order(seed=1, epoch=1))
+    assert first != order(seed=1, epoch=1)
+    assert first != order(seed=2, epoch=0)
+    r = TrainingReader(samples, columns=["k"], batch_size=100, shuffle_buffer=512, seed=1)
+    assert keys_of(r) == first
+    assert keys_of(r) == order(seed=1, epoch=1)  # iterating again runs the next epoch
+    r.set_epoch(0)
+    assert keys_of(r) == first
+    # unshuffled: the planned files one after another, each in row order
+    plain = np.array(keys_of(TrainingReader(samples, columns=["k"], batch_size=100, shuffle=False)))
+    file_of = plain // 100_000
+    assert (np.diff(file_of) != 0).sum() == FILES - 1
+    assert ((np.diff(plain) == 1) | (np.diff(file_of) != 0)).all()
+
+
+def test_shuffle_mixes_files_and_quality_is_measured(samples):
+    """The reader mixes rows of several files per batch; shuffle_quality reports it next to a full permutation."""
+    shuffled = list(TrainingReader(samples, columns=["k"], batch_size=100, with_locator=True, interleave=4, shuffle_buffer=800))
+    plain = list(TrainingReader(samples, columns=["k"], batch_size=100, with_locator=True, shuffle=False))
+    q, p = shuffle_quality(shuffled, "k"), shuffle_quality(plain, "k")
+    in_key_order = samples.read(columns=["k"], with_locator=True).sort_by("k").to_batches(max_chunksize=100)
+    assert shuffle_quality(in_key_order, "k")["reader"] == {"position_key_correlation": 1.0, "distinct_sources_per_batch": 1.0}
+    assert p["reader"]["distinct_sources_per_batch"] < 1.2  # only batches that straddle two files
+    assert q["reader"]["distinct_sources_per_batch"] >= 2.5  # up to 4 row groups from different files
+    assert abs(q["random"]["position_key_correlation"]) < 0.1
+    assert q["random"]["distinct_sources_per_batch"] > 6  # nearly all 7 files in every batch of 100
+    # inside a batch the keys are not a contiguous block
+    spans = [max(b.column("k").to_pylist()) - min(b.column("k").to_pylist()) for b in shuffled[:-1]]
+    assert min(spans) > 1000
+
+
+def test_fixed_batch_sizes_and_drop_last(samples):
+    n = samples.read(columns=["k"]).num_rows
+    kept = list(TrainingReader(samples, columns=["k"], batch_size=333))
+    assert [b.num_rows for b in kept] == [333] * (n // 333) + [n % 333]
+    dropped = list(TrainingReader(samples, columns=["k"], batch_size=333, drop_last=True))
+    assert [b.num_rows for b in dropped] == [333] * (n // 333)
+
+
+def test_uniform_sampling_rate_and_determinism(samples):
+    n = samples.read(columns=["k"]).num_rows
+    rate = 0.3
+    kept = keys_of(TrainingReader(samples, columns=["k"], sample=rate, seed=5))
+    sd = math.sqrt(n * rate * (1 - rate))
+    assert abs(len(kept) - n * rate) < 4 * sd
+    # the same rows whatever the epoch, sharding or batch size; another seed picks others
+    again = [k for r in range(3) for k in keys_of(TrainingReader(samples, columns=["k"], sample=rate, seed=5, epoch=2,
+                                                                 rank=r, world_size=3, batch_size=7))]
+    assert sorted(again) == sorted(kept)
+    assert set(keys_of(TrainingReader(samples, columns=["k"], sample=rate, seed=6))) != set(kept)
+
+
+def test_label_rates_keep_negatives_with_weights(samples):
+    oracle = samples.read(columns=["k", "label"]).to_pandas()
+    out = pa.Table.from_batches(list(TrainingReader(samples, columns=["k"], label_column="label", label_rates={0: 0.1},
+                                                    weight_column="weight", seed=9))).to_pandas()
+    assert list(out.columns) == ["k", "weight"]  # the label column was read for sampling only
+    merged = out.merge(oracle, on="k", how="left")
+    pos = oracle[oracle.label == 1]
+    neg = oracle[oracle.label == 0]
+    assert set(merged[merged.label == 1].k) == set(pos.k)  # every positive kept
+    kept_neg = (merged.label == 0).sum()
+    sd = math.sqrt(len(neg) * 0.1 * 0.9)
+    assert abs(kept_neg - 0.1 * len(neg)) < 4 * sd
+    assert (merged[merged.label == 0].weight == np.float32(10.0)).all()
+    assert (merged[merged.label == 1].weight == 1.0).all()
+    assert out.weight.dtype == np.float32
+
+
+@pytest.mark.parametrize("case", ["plain", "filtered-sampled", "unshuffled", "sharded"])
+def test_resume_at_random_point_gives_exactly_the_rest(samples, case):
+    kw = {"columns": ["k", "x"], "batch_size": 50, "seed": 4, "shuffle_buffer": 400, "interleave": 3}
+    if case == "filtered-sampled":
+        kw.update(filter="x > 0", sample=0.5)
+    if case == "unshuffled":
+        kw.update(shuffle=False, shuffle_buffer=128)
+    if case == "sharded":
+        kw.update(rank=1, world_size=3, worker_id=1, num_workers=2)
+    full = keys_of(TrainingReader(samples, **kw))
+    rng = np.random.default_rng(len(case))
+    for stop in [0, int(rng.integers(1, len(full) // 50)), len(full) // 50 - 1]:
+        first = TrainingReader(samples, **kw)
+        it = iter(first)
+        head = [next(it) for _ in range(stop)]
+        state = json.loads(json.dumps(first.state_dict()))  # the state is plain data
+        del it  # killed: the rest is never read
+        resumed = TrainingReader(samples, **kw)
+        resumed.load_state_dict(state)
+        resumed.set_epoch(0)  # a training loop calls this each epoch: same epoch keeps the position
+        assert keys_of(head) + keys_of(resumed) == full, stop
+    # resuming a finished epoch goes on with the next one
+    done = TrainingReader(samples, **kw)
+    list(done)
+    nxt = TrainingReader(samples, **kw)
+    nxt.load_state_dict(done.state_dict())
+    assert keys_of(nxt) == keys_of(TrainingReader(samples, **kw, epoch=1))
+
+
+def test_state_from_another_layout_is_refused(samples):
+    r = TrainingReader(samples, batch_size=10, world_size=2)
+    state = r.state_dict()
+    with pytest.raises(FeatureLakeError, match="world_size"):
+        TrainingReader(samples, batch_size=10, world_size=3).load_state_dict(state)
+    with pytest.raises(FeatureLakeError, match="batch_size"):
+        TrainingReader(samples, batch_size=11, world_size=2).load_state_dict(state)
+    with pytest.raises(FeatureLakeError, match="not a TrainingReader state"):
+        r.load_state_dict({"epoch": 1})
+
+
+def test_snapshot_is_fixed_at_construction_with_filters_and_branches(lake):
+    samples = make_samples(lake)
+    before = samples.read(columns=["k"], filter="label = 1").column("k").to_pylist()
+    r = TrainingReader(samples, columns=["k"], filter="label = 1")
+    samples.append(pa.table({"k": pa.array([10**9], pa.int64()), "x": [1.0], "label": pa.array([1], pa.int32()),
+                             "tags": pa.array([[1]], pa.list_(pa.int32()))}))
+    assert sorted(keys_of(r)) == sorted(before)  # the write after construction is not seen
+    assert 10**9 in keys_of(TrainingReader(samples, columns=["k"], filter="label = 1"))
+    # a branch and a snapshot id
+    samples.create_branch("research")
+    samples.backfill(pa.table({"k": pa.array(before[:5], pa.int64()), "x": [1e6] * 5}), branch="research")
+    on_branch = pa.Table.from_batches(list(TrainingReader(samples, columns=["k", "x"], branch="research", filter="x = 1000000.0")))
+    assert sorted(on_branch.column("k").to_pylist()) == sorted(before[:5])
+    assert not list(TrainingReader(samples, columns=["k"], filter="x = 1000000.0"))
+    old = samples.snapshots()[-1]["snapshot_id"]  # newest first: the first append
+    first_file = keys_of(TrainingReader(samples, columns=["k"], snapshot_id=old, shuffle=False))
+    assert first_file == list(range(700))
+
+
+def test_list_columns_and_locator_pass_through(samples):
+    oracle = samples.read(columns=["k", "tags"]).sort_by("k")
+    out = pa.Table.from_batches(list(TrainingReader(samples, columns=["k", "tags"], with_locator=True)))
+    assert out.column_names == ["k", "tags", "_file", "_pos"]
+    assert out.select(["k", "tags"]).sort_by("k").equals(oracle)
+
+
+def test_sequence_join(lake):
+    from featurelake.synthetic import user_events_schema
+
+    rng = np.random.default_rng(1)
+    ev = 600
+    events = pa.table({
+        "user_id": pa.array(rng.integers(0, 30, ev)),
+        "ts": pa.array(np.datetime64("2026-01-01", "us") + rng.integers(0, 10**9, ev).astype("timedelta64[us]")),
+        "item_id": pa.array(rng.integers(0, 50, ev)),
+        "event_type": pa.array(["view"] * ev),
+        "dwell": pa.array(rng.random(ev).astype(np.float32)),
+        "tags": pa.array([[1]] * ev, pa.list_(pa.int32())),
+    }, schema=user_events_schema())
+    st = lake.create_sequence_table("ml.events", user_events_schema(), key="user_id", time="ts")
+    st.append(events)
+    st.build()
+    n = 400
+    rows = pa.table({"sample_id": pa.array(np.arange(n, dtype=np.int64)), "user_id": pa.array(rng.integers(0, 32, n)),
+                     "ts": pa.array(np.datetime64("2026-01-01", "us") + rng.integers(0, 10**9, n).astype("timedelta64[us]"))})
+    t = lake.create_table("ml.rows", rows.schema, primary_key="sample_id")
+    t.append(rows.slice(0, 200))
+    t.append(rows.slice(200))
+    view = st.view(key="user_id", time="ts", columns=["ts", "item_id"], max_len=5)
+    oracle = t.read(columns=["sample_id"], sequences={"hist": view}).sort_by("sample_id")
+    r = TrainingReader(t, columns=["sample_id"], batch_size=64, sequences={"hist": view}, shuffle_buffer=100)
+    it = iter(r)
+    head = [next(it), next(it)]
+    state = r.state_dict()
+    del it
+    rest = TrainingReader(t, columns=["sample_id"], batch_size=64, sequences={"hist": view}, shuffle_buffer=100)
+    rest.load_state_dict(state)
+    got = pa.Table.from_batches(head + list(rest))
+    assert got.column_names == ["sample_id", "hist"]
+    assert got.sort_by("sample_id").equals(oracle)
+
+
+@pytest.mark.parametrize("kw,error", [
+    ({"batch_size": 0}, FeatureLakeError),
+    ({"rank": 2, "world_size": 2}, FeatureLakeError),
+    ({"sample": 1.5}, FeatureLakeError),
+    ({"label_rates": {0: 0.1}}, FeatureLakeError),  # no label column named
+    ({"label_rates": {0: 0.0}, "label_column": "label"}, FeatureLakeError),
+    ({"label_rates": {0: 0.5}, "label_column": "nope"}, SchemaMismatchError),
+    ({"weight_column": "x"}, SchemaMismatchError),
+    ({"columns": ["nope"]}, SchemaMismatchError),
+    ({"worker_id": 2, "num_workers": 2}, FeatureLakeError),
+])
+def test_bad_arguments_are_refused(samples, kw, error):
+    with pytest.raises(error):
+        TrainingReader(samples, **kw)
+
+
+def test_empty_table_and_filter_that_prunes_everything(lake, samples):
+    empty = lake.create_table("ml.empty", pa.schema([pa.field("k", pa.int64(), nullable=False)]), primary_key="k")
+    r = TrainingReader(empty, batch_size=10, world_size=2, rank=1)
+    assert list(r) == [] and r.num_rows == 0 and r.state_dict()["finished"]
+    assert list(TrainingReader(samples, filter="k < 0")) == []
