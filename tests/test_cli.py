@@ -200,10 +200,10 @@ def test_demo_calls_run_demo_lazily(tmp_path, monkeypatch):
 
 # ----------------------------------------------------------- installed script
 def _script() -> Path:
-    for candidate in (Path(sys.executable).parent / "featurelake", Path("/work/main/.venv/bin/featurelake")):
-        if candidate.exists():
-            return candidate
-    pytest.skip("the featurelake console script is not installed")
+    """The console script of the environment under test (the interpreter running pytest)."""
+    script = Path(sys.executable).parent / "featurelake"
+    assert script.exists(), f"{script} is missing: install this checkout with `pip install -e .[dev]`"
+    return script
 
 
 def test_console_script_json_tables(home):
