@@ -152,12 +152,18 @@ def test_compaction_asset_refuses_bad_partitions(instance, resource, table):
     from assets.maintenance import compaction
 
     table.append(rows(0, 0))
+    snapshots = [s["snapshot_id"] for s in table.snapshots()]
+    files = sorted(p for p in (resource.lake().home / "warehouse").rglob("*") if p.is_file())
     instance.add_dynamic_partitions("compaction_targets", ["no-separator", f"{TABLE}|nope"])
-    for key in ("no-separator", f"{TABLE}|nope"):
+    for key, error in (("no-separator", "is not '<namespace.table>|<branch>'"), (f"{TABLE}|nope", "nope")):
         result = materialize(
             [compaction], instance=instance, partition_key=key, resources={"lake": resource}, raise_on_error=False
         )
         assert not result.success
+        [failure] = result.get_step_failure_events()
+        assert error in str(failure.event_specific_data.error)
+    assert [s["snapshot_id"] for s in table.snapshots()] == snapshots  # nothing committed
+    assert sorted(p for p in (resource.lake().home / "warehouse").rglob("*") if p.is_file()) == files
 
 
 # ---------------------------------------------------------------- nightly schedule
