@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pyarrow as pa
@@ -183,19 +182,7 @@ def test_missing_engine_method_is_a_clean_error(home, monkeypatch):
     assert "compact" in failed(cli(home, "compact", TABLE))
 
 
-def test_demo_calls_run_demo_lazily(tmp_path, monkeypatch):
-    calls = []
-
-    def run_demo(home, days=3, rows_per_day=20_000, console=None, *, seed=0, print_report=True):
-        calls.append((Path(home), days, rows_per_day, print_report))
-        return {"tables": {"ml.samples": {"rows": days * rows_per_day}}, "at": dt.datetime(2026, 1, 1)}
-
-    fake = types.ModuleType("platform_defs.demo")
-    fake.run_demo = run_demo
-    monkeypatch.setitem(sys.modules, "platform_defs.demo", fake)
-    summary = json.loads(ok(cli(tmp_path, "demo", "--days", "2", "--rows-per-day", "50", json_out=True)))
-    assert summary == {"tables": {"ml.samples": {"rows": 100}}, "at": "2026-01-01T00:00:00"}
-    assert calls == [(tmp_path, 2, 50, False)]
+# `featurelake demo` runs for real in tests/dagster/test_dagster_demo.py::test_demo_command_on_a_small_lake
 
 
 # ----------------------------------------------------------- installed script
