@@ -227,3 +227,38 @@ def test_lake_from_environment(home, tmp_path, monkeypatch):
     assert [s["table"] for s in json.loads(ok(cli(home, "tables", json_out=True)))] == [TABLE]
     monkeypatch.delenv("FEATURELAKE_WAREHOUSE")
     assert "FEATURELAKE_WAREHOUSE" in failed(runner.invoke(app, ["tables"]))
+
+
+def _run_on_a_terminal(argv: list[str], env: dict) -> tuple[int, str]:
+    """Run ``argv`` with stdout and stderr on a pseudo-terminal; return its exit status and all it wrote."""
+    import pty
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env, close_fds=True)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed its end
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    return proc.wait(timeout=60), out.decode(errors="replace")
+
+
+def test_long_operations_show_progress_on_a_terminal(home):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FEATURELAKE_")}
+    env.update(TERM="xterm-256color", COLUMNS="120", FORCE_COLOR="1")
+    env.pop("NO_COLOR", None)
+    argv = [str(_script()), "--home", str(home), "compact", TABLE]
+    rc, shown = _run_on_a_terminal(argv, env)
+    assert rc == 0, shown
+    assert "Compacting ml.samples@main" in shown  # the progress line, drawn on the terminal
+    assert "\r" in shown or "\x1b[" in shown  # redrawn in place (a live display), not printed as a log line
+    assert "Compacted ml.samples@main" in shown
+    # not a terminal: the same command prints its result and no progress
+    piped = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert piped.returncode == 0 and "Compacting" not in piped.stdout + piped.stderr
