@@ -53,8 +53,8 @@ GOAL_LONG = 1.5
 
 def sizes(cfg: Config) -> dict[str, int]:
     if cfg.quick:
-        return {"users": 300, "history": 600, "short_users": 200, "short": 2000, "long_users": 6, "long": 80_000,
-                "long_batch": 6, "long_batches": 30}
+        return {"users": 150, "history": 600, "short_users": 100, "short": 2000, "long_users": 6, "long": 80_000,
+                "long_batch": 6, "long_batches": 15}
     return {"users": 4000, "history": 800, "short_users": 2000, "short": 2000, "long_users": 100, "long": 80_000,
             "long_batch": 100, "long_batches": 40}
 

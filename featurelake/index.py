@@ -325,7 +325,7 @@ def rebuild(table, branch: str = "main") -> dict:
 def verify(table, branch: str = "main", snapshot_id: int | None = None) -> dict:
     """Check the index against the data: every live row found at its own place, no key twice."""
     from featurelake import refs
-    from featurelake.keys import duplicate_keys, find
+    from featurelake.keys import ROW, duplicate_keys, find
     from featurelake.merge import snapshot_files
     from featurelake.schema import LOCATOR_FILE, LOCATOR_POS
 
@@ -336,10 +336,19 @@ def verify(table, branch: str = "main", snapshot_id: int | None = None) -> dict:
     live = set(snapshot_files(ice, snap))
     truth = table.scan(keys, branch=str(snap.snapshot_id) if snap else branch, with_locator=True, ice=ice).to_table()
     found = find(table, ice, snap, truth.select(keys))
-    expected = {(f, p) for f, p in zip(truth.column(LOCATOR_FILE).to_pylist(), truth.column(LOCATOR_POS).to_pylist())}
-    got = {(f, p) for f, p in zip(found.column(LOCATOR_FILE).cast(pa.string()).to_pylist(), found.column(LOCATOR_POS).to_pylist())}
+    # (key, file, row) triples: a hit at another key's row is wrong even though that row exists
+    codes = encode(truth.select(keys))
+    expected = set(zip(codes.tolist(), truth.column(LOCATOR_FILE).to_pylist(), truth.column(LOCATOR_POS).to_pylist()))
+    got = set(
+        zip(
+            codes[found.column(ROW).to_numpy()].tolist(),
+            found.column(LOCATOR_FILE).cast(pa.string()).to_pylist(),
+            found.column(LOCATOR_POS).to_pylist(),
+        )
+    )
     covered = covered_files(ice.io, state.index_segments) if state.index_segments else set()
     dups = duplicate_keys(truth, keys)
+    exact = key_is_exact(ice.schema(), keys)
     report = {
         "branch": branch,
         "rows": truth.num_rows,
@@ -348,6 +357,27 @@ def verify(table, branch: str = "main", snapshot_id: int | None = None) -> dict:
         "missing": len(expected - got),
         "wrong": len(got - expected),
         "duplicate_keys": dups.num_rows,
+        "duplicate_entries": _duplicate_entries(ice.io, state.index_segments, live) if exact else 0,
     }
-    report["ok"] = report["missing"] == report["wrong"] == report["duplicate_keys"] == 0
+    report["ok"] = report["missing"] == report["wrong"] == report["duplicate_keys"] == report["duplicate_entries"] == 0
     return report
+
+
+def _duplicate_entries(io: FileIO, segments: Sequence[dict], live: set[str]) -> int:
+    """Keys that live entries of an exact index place at more than one row.
+
+    A lookup reads one entry per key and segment, so a second entry can hide
+    behind the right one: only a look at the entries themselves finds it.
+    """
+    file_ids: dict[str, int] = {}
+    parts = []
+    for seg in segments:
+        loaded = _load(io, seg["path"])
+        ids = np.array([file_ids.setdefault(path, len(file_ids)) if path in live else -1 for path in loaded.files], dtype=np.int64)
+        f = ids[loaded.f]
+        keep = f >= 0
+        parts.append(pd.DataFrame({"k": loaded.k[keep], "f": f[keep], "p": loaded.p[keep]}))
+    if not parts:
+        return 0
+    counts = pd.concat(parts).drop_duplicates()["k"].value_counts()
+    return int((counts > 1).sum())

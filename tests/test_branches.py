@@ -87,7 +87,11 @@ def test_three_way_merge_of_different_columns_and_files(samples):
     t.backfill(pa.table({KEY: data[KEY].slice(0, 20), "click": pa.array([3] * 20, pa.int32())}))
     t.append(day_rows(6))
     main_before = t.read().num_rows
+    snapshots_before, head_before = len(t.iceberg.metadata.snapshots), t.branches()["main"]
     t.merge("exp")
+    ice = t.iceberg  # the merge is one commit: one new snapshot, on top of main's head
+    assert len(ice.metadata.snapshots) == snapshots_before + 1
+    assert ice.metadata.snapshot_by_id(t.branches()["main"]).parent_snapshot_id == head_before
     merged = t.read(columns=[KEY, "cand", "click", "f0"])
     assert merged.num_rows == main_before + 100  # the branch's new day, once
     assert pc.count_distinct(merged[KEY]).as_py() == merged.num_rows

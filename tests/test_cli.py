@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pyarrow as pa
@@ -183,27 +182,15 @@ def test_missing_engine_method_is_a_clean_error(home, monkeypatch):
     assert "compact" in failed(cli(home, "compact", TABLE))
 
 
-def test_demo_calls_run_demo_lazily(tmp_path, monkeypatch):
-    calls = []
-
-    def run_demo(home, days=3, rows_per_day=20_000, console=None, *, seed=0, print_report=True):
-        calls.append((Path(home), days, rows_per_day, print_report))
-        return {"tables": {"ml.samples": {"rows": days * rows_per_day}}, "at": dt.datetime(2026, 1, 1)}
-
-    fake = types.ModuleType("platform_defs.demo")
-    fake.run_demo = run_demo
-    monkeypatch.setitem(sys.modules, "platform_defs.demo", fake)
-    summary = json.loads(ok(cli(tmp_path, "demo", "--days", "2", "--rows-per-day", "50", json_out=True)))
-    assert summary == {"tables": {"ml.samples": {"rows": 100}}, "at": "2026-01-01T00:00:00"}
-    assert calls == [(tmp_path, 2, 50, False)]
+# `featurelake demo` runs for real in tests/dagster/test_dagster_demo.py::test_demo_command_on_a_small_lake
 
 
 # ----------------------------------------------------------- installed script
 def _script() -> Path:
-    for candidate in (Path(sys.executable).parent / "featurelake", Path("/work/main/.venv/bin/featurelake")):
-        if candidate.exists():
-            return candidate
-    pytest.skip("the featurelake console script is not installed")
+    """The console script of the environment under test (the interpreter running pytest)."""
+    script = Path(sys.executable).parent / "featurelake"
+    assert script.exists(), f"{script} is missing: install this checkout with `pip install -e .[dev]`"
+    return script
 
 
 def test_console_script_json_tables(home):
@@ -240,3 +227,38 @@ def test_lake_from_environment(home, tmp_path, monkeypatch):
     assert [s["table"] for s in json.loads(ok(cli(home, "tables", json_out=True)))] == [TABLE]
     monkeypatch.delenv("FEATURELAKE_WAREHOUSE")
     assert "FEATURELAKE_WAREHOUSE" in failed(runner.invoke(app, ["tables"]))
+
+
+def _run_on_a_terminal(argv: list[str], env: dict) -> tuple[int, str]:
+    """Run ``argv`` with stdout and stderr on a pseudo-terminal; return its exit status and all it wrote."""
+    import pty
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env, close_fds=True)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed its end
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    return proc.wait(timeout=60), out.decode(errors="replace")
+
+
+def test_long_operations_show_progress_on_a_terminal(home):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FEATURELAKE_")}
+    env.update(TERM="xterm-256color", COLUMNS="120", FORCE_COLOR="1")
+    env.pop("NO_COLOR", None)
+    argv = [str(_script()), "--home", str(home), "compact", TABLE]
+    rc, shown = _run_on_a_terminal(argv, env)
+    assert rc == 0, shown
+    assert "Compacting ml.samples@main" in shown  # the progress line, drawn on the terminal
+    assert "\r" in shown or "\x1b[" in shown  # redrawn in place (a live display), not printed as a log line
+    assert "Compacted ml.samples@main" in shown
+    # not a terminal: the same command prints its result and no progress
+    piped = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert piped.returncode == 0 and "Compacting" not in piped.stdout + piped.stderr

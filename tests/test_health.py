@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from featurelake.errors import BranchNotFoundError
+from featurelake.errors import BranchNotFoundError, CorruptFileError
 from featurelake.health import (
     clear_caches,
     lake_health,
@@ -95,7 +95,7 @@ def test_reads_no_data_or_update_file(table):
             removed += 1
     assert removed >= 7  # 6 data files + at least one update file
     assert table_health(table) == expected
-    with pytest.raises(Exception):  # while a real read now fails
+    with pytest.raises(CorruptFileError, match="missing"):  # while a real read now fails
         table.read()
 
 

@@ -249,3 +249,15 @@ def test_from_env(tmp_path, monkeypatch):
     configured = Lake.from_env()
     assert configured.home is None
     assert configured.tables() == ["ml.x"]
+
+
+def test_tables_are_iceberg_format_version_2(any_lake):
+    t = any_lake.create_table("ml.v", impressions_schema(), primary_key="sample_id", partition_by=["day(ts)"])
+    t.append(impressions_table(20, days=1))
+    t.backfill(pa.table({"sample_id": pa.array([0], pa.int64()), "click": pa.array([1], pa.int32())}))
+    ice = t.iceberg
+    assert ice.metadata.format_version == 2
+    import json
+
+    with ice.io.new_input(ice.metadata_location).open() as f:  # as any Iceberg reader sees it
+        assert json.loads(f.read())["format-version"] == 2

@@ -109,27 +109,73 @@ def test_composite_keys_are_hashed_and_verified(lake):
 
 
 def test_index_verify_after_every_kind_of_write(lake):
-    t = lake.create_table("ml.s", impressions_schema(), primary_key="sample_id", partition_by=["day(ts)"])
+    """After each kind of write: the index verifies, and every branch reads what a dict model holds."""
+    key = "sample_id"
+    t = lake.create_table("ml.s", impressions_schema(), primary_key=key, partition_by=["day(ts)"])
     data = impressions_table(900, days=3, seed=2)
+    model: dict[str, dict[int, dict]] = {"main": {}}
+
+    def day_of(d: int, n: int, seed: int = 0) -> pa.Table:
+        return pa.Table.from_batches(list(impressions_for_day(d, n, seed=seed)))
+
+    def put(branch: str, tbl: pa.Table) -> None:  # upsert: existing keys keep their ts (partition)
+        rows = model[branch]
+        for r in tbl.to_pylist():
+            if r[key] in rows:
+                rows[r[key]].update({c: v for c, v in r.items() if c != "ts"})
+            else:
+                rows[r[key]] = {**{c: None for c in columns()}, **r}
+
+    def columns() -> list[str]:
+        return t.schema.names
+
+    def drop(branch: str, pred) -> None:
+        model[branch] = {k: r for k, r in model[branch].items() if not pred(r)}
+
+    day2 = (datetime(2026, 1, 2), datetime(2026, 1, 3))
+    late, other, more = day_of(4, 30), day_of(6, 20), day_of(7, 20)
+    replacement = day_of(1, 50, seed=9)
+    feature = pa.table({key: data[key], "c": pc.multiply(data["f0"], 2.0)})
+
+    def overwrite():
+        t.overwrite(replacement, "ts >= '2026-01-02T00:00:00' and ts < '2026-01-03T00:00:00'")
+        drop("main", lambda r: day2[0] <= r["ts"] < day2[1])
+        put("main", replacement)
+
+    def rebase():
+        t.rebase("exp")
+        model["exp"] = copy.deepcopy(model["main"])
+        put("exp", other)
+
     steps = [
-        lambda: t.append(data),
-        lambda: t.backfill(pa.table({"sample_id": data["sample_id"], "c": pc.multiply(data["f0"], 2.0)})),
-        lambda: t.upsert(pa.Table.from_batches(list(impressions_for_day(4, 30)))),
-        lambda: t.overwrite(pa.Table.from_batches(list(impressions_for_day(1, 50, seed=9))), "ts >= '2026-01-02T00:00:00' and ts < '2026-01-03T00:00:00'"),
-        lambda: t.delete("user_id < 30"),
-        lambda: t.create_branch("exp"),
-        lambda: t.upsert(pa.Table.from_batches(list(impressions_for_day(6, 20))), branch="exp"),
-        lambda: t.append(pa.Table.from_batches(list(impressions_for_day(7, 20)))),
-        lambda: t.rebase("exp"),
-        lambda: t.merge("exp"),
-        lambda: t.compact(),
-        lambda: t.revert(t.snapshots()[0]["snapshot_id"]),
+        ("append", lambda: (t.append(data), put("main", data))),
+        ("backfill", lambda: (t.backfill(feature), [r.setdefault("c", None) for r in model["main"].values()], put("main", feature))),
+        ("upsert", lambda: (t.upsert(late), put("main", late))),
+        ("overwrite", overwrite),
+        ("delete", lambda: (t.delete("user_id < 30"), drop("main", lambda r: r["user_id"] < 30))),
+        ("branch", lambda: (t.create_branch("exp"), model.__setitem__("exp", copy.deepcopy(model["main"])))),
+        ("branch upsert", lambda: (t.upsert(other, branch="exp"), put("exp", other))),
+        ("append", lambda: (t.append(more), put("main", more))),
+        ("rebase", rebase),
+        ("merge", lambda: (t.merge("exp"), model.__setitem__("main", copy.deepcopy(model["exp"])))),
+        ("compact", lambda: t.compact()),
+        ("revert", lambda: revert_head()),
     ]
-    for i, step in enumerate(steps):
+    at: dict[int, dict] = {}  # main's head snapshot -> the model then
+
+    def revert_head():  # undoing the head's operation gives back its parent's rows
+        head = t.snapshots()[0]
+        t.revert(head["snapshot_id"])
+        model["main"] = copy.deepcopy(at[head["parent_id"]])
+
+    for i, (what, step) in enumerate(steps):
         step()
+        at[t.branches()["main"]] = copy.deepcopy(model["main"])
         for b in t.branches():
             report = t.verify_index(b)
-            assert report["ok"], (i, b, report)
+            assert report["ok"], (i, what, b, report)
+            got = {r[key]: r for r in t.read(branch=b).to_pylist()}
+            assert got == model[b], (i, what, b)
 
 
 def test_bad_upserts_write_nothing(lake):

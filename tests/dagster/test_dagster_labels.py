@@ -136,6 +136,7 @@ def test_labels_fail_cleanly(lake_home, instance):
     assert not result.success
     [failure] = result.get_step_failure_events()
     assert "materialize samples" in str(failure.event_specific_data.error)
+    assert not Lake(lake_home).table_exists("ml.samples")  # nothing created
 
     # the landing file changed after samples loaded the day: unknown keys
     assert _run([samples], DAYS[0], lake_home, instance).success
@@ -147,6 +148,7 @@ def test_labels_fail_cleanly(lake_home, instance):
     [failure] = result.get_step_failure_events()
     assert "re-materialize samples" in str(failure.event_specific_data.error)
     assert t.stats()["snapshot_id"] == head  # nothing committed
+    assert not list((lake_home / "warehouse").rglob("_updates/*.parquet"))  # and no update file written
 
     result = _run([labels], DAYS[0], lake_home, instance, labels_config={"on_unknown": "skip"})
     md = _metadata(result)

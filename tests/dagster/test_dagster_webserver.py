@@ -59,7 +59,11 @@ def test_webserver_serves_main_assets(tmp_path, lake_home, dagster_home):
                 pass
             assert time.monotonic() < deadline, f"webserver not up in 60 s:\n{logs()}"
             time.sleep(0.5)
-        assert "dagster_webserver_version" in info or info
+        import dagster
+        import dagster_webserver
+
+        assert info["dagster_webserver_version"] == dagster_webserver.__version__
+        assert info["dagster_version"] == dagster.__version__
 
         nodes = {}
         while True:  # the code location may still be loading right after startup

@@ -1,6 +1,7 @@
 """Group ``maintenance``: the compaction sensor, the compaction asset, nightly expiry + GC."""
 import json
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -60,54 +61,161 @@ def test_sensor_does_not_trigger_below_thresholds(instance, resource, table, sen
     assert not result.dynamic_partitions_requests
 
 
-def test_sensor_triggers_on_small_files_once_per_snapshot(instance, resource, table, sensor_def):
-    from platform_defs.sensors import run_requested_compactions
+DAEMON_YAML = """\
+telemetry:
+  enabled: false
+run_coordinator:  # submitted runs launch at once ...
+  module: dagster._core.run_coordinator
+  class: DefaultRunCoordinator
+run_launcher:  # ... in this process (the daemon would start a subprocess)
+  module: dagster._core.launcher.sync_in_memory_run_launcher
+  class: SyncInMemoryRunLauncher
+"""
+
+
+class SensorDaemon:
+    """The Dagster sensor daemon's own tick code, on a code location loaded in process.
+
+    Each tick evaluates the sensor, creates runs in the instance's run storage
+    with their run keys (skipping keys the daemon has seen, its own rule) and
+    launches them. Ticks are a minute apart (the sensor's interval is 30 s).
+    """
+
+    def __init__(self, instance, workspace) -> None:
+        self.instance, self.workspace = instance, workspace
+        self.now = datetime.now(timezone.utc)
+
+    def tick(self):
+        import logging
+
+        from dagster._core.test_utils import freeze_time
+        from dagster._daemon.sensor import execute_sensor_iteration
+
+        self.now += timedelta(minutes=1)
+        with freeze_time(self.now):
+            list(execute_sensor_iteration(self.workspace, logging.getLogger("sensor-daemon"), None, None))
+        return self.instance.get_ticks(*self._ids(), limit=1)[0]
+
+    def _ids(self):
+        [state] = self.instance.all_instigator_state()
+        return state.instigator_origin_id, state.selector_id
+
+    def delete_cursor(self) -> None:
+        """What `dagster sensor cursor --delete` does."""
+        from dagster._core.scheduler.instigation import SensorInstigatorData
+
+        state = self.instance.get_instigator_state(*self._ids())
+        data = state.instigator_data
+        self.instance.update_instigator_state(state.with_data(SensorInstigatorData(
+            last_tick_timestamp=data.last_tick_timestamp, last_run_key=data.last_run_key,
+            min_interval=data.min_interval, cursor=None, last_tick_start_timestamp=data.last_tick_start_timestamp,
+            last_sensor_start_timestamp=data.last_sensor_start_timestamp, sensor_type=data.sensor_type,
+        )))
+
+    def runs(self):
+        return sorted(self.instance.get_runs(), key=lambda r: r.tags["dagster/tick"] if "dagster/tick" in r.tags else "")
+
+
+@pytest.fixture
+def daemon(tmp_path, lake_home, table, monkeypatch):
+    from dagster import DagsterInstance
+    from dagster._core.remote_origin import InProcessCodeLocationOrigin
+    from dagster._core.test_utils import create_test_daemon_workspace_context
+    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+    from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
+
+    monkeypatch.setenv("FEATURELAKE_HOME", str(lake_home))
+    home = tmp_path / "daemon-instance"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(DAEMON_YAML)
+    here = Path(__file__).parent
+    origin = InProcessCodeLocationOrigin(
+        LoadableTargetOrigin(python_file=str(here / "daemon_sensor_defs.py"), attribute="defs", working_directory=str(here)),
+        location_name="featurelake-test",
+    )
+    instance = DagsterInstance.from_config(str(home))
+    try:
+        with create_test_daemon_workspace_context(InProcessWorkspaceLoadTarget(origin), instance) as workspace:
+            yield SensorDaemon(instance, workspace)
+    finally:
+        instance.dispose()
+
+
+def _compaction_metadata(instance, run_id: str) -> dict:
+    [event] = [
+        e for e in instance.all_logs(run_id) if e.dagster_event and e.dagster_event.event_type_value == "ASSET_MATERIALIZATION"
+    ]
+    return {k: v.value for k, v in event.dagster_event.step_materialization_data.materialization.metadata.items()}
+
+
+def test_sensor_runs_through_the_daemon_once_per_run_key(daemon, table):
+    from dagster import DagsterRunStatus
+
+    from daemon_sensor_defs import SENSOR
 
     append_small_files(table, 4)
     head = table.stats()["snapshot_id"]
+    before = table.read().sort_by(KEY)
+
+    # tick 1: one run, created with its run key in the instance, launched, compacts
+    first = daemon.tick()
+    key = f"{TABLE}|main|{head}"
+    assert first.run_keys == [key]
+    [run] = daemon.runs()
+    assert run.status == DagsterRunStatus.SUCCESS
+    assert run.tags["dagster/run_key"] == key and run.tags["dagster/sensor_name"] == SENSOR
+    assert run.tags["dagster/partition"] == f"{TABLE}|main" and "small files 4 >= 4" in run.tags["featurelake/reason"]
+    assert daemon.instance.has_dynamic_partition("compaction_targets", f"{TABLE}|main")
+    md = _compaction_metadata(daemon.instance, run.run_id)
+    assert (md["files_before"], md["files_after"], md["small_files_before"]) == (4, 1, 4)
+    assert md["snapshot_before"] == str(head) and md["snapshot_after"] == str(table.stats()["snapshot_id"]) != str(head)
+    assert table.stats()["data_files"] == 1 and table.read().sort_by(KEY).equals(before)
+
+    # tick 2: the compaction's own commit left the branch healthy: nothing
+    assert not daemon.tick().run_keys and len(daemon.runs()) == 1
+
+    # new small files, one of them unreadable: a new run key, and the run fails writing nothing
+    compacted = {t.file.file_path for t in table.scan().tasks()}
+    append_small_files(table, 4, start=10)
+    bad = next(t.file.file_path for t in table.scan().tasks() if t.file.file_path not in compacted)
+    failing_head = table.stats()["snapshot_id"]
+    with open(bad.removeprefix("file://"), "r+b") as f:
+        f.write(b"garbage!" * 64)
+    third = daemon.tick()
+    assert third.run_keys == [f"{TABLE}|main|{failing_head}"]
+    assert [r.status for r in daemon.runs()].count(DagsterRunStatus.FAILURE) == 1
+    assert table.stats()["snapshot_id"] == failing_head
+
+    # the cursor remembers the head; without it, the sensor asks again with the same run key
+    # and the daemon skips it: a failed compaction is not retried for the same snapshot
+    assert not daemon.tick().run_keys
+    daemon.delete_cursor()
+    skipped = daemon.tick()
+    assert skipped.run_keys == third.run_keys  # requested again ...
+    assert skipped.status.value == "SKIPPED" and not skipped.run_ids  # ... and not run again
+    assert len(daemon.runs()) == 2
+
+    # a new write: a new snapshot, a new run key, a new run
+    append_small_files(table, 1, start=20)
+    later = daemon.tick()
+    assert later.run_keys == [f"{TABLE}|main|{table.stats()['snapshot_id']}"] and len(daemon.runs()) == 3
+
+
+def test_sensor_evaluation_is_stable_without_a_cursor(instance, resource, table, sensor_def):
+    append_small_files(table, 4)
+    head = table.stats()["snapshot_id"]
     first = evaluate(sensor_def, instance, resource)
-    assert len(first.run_requests) == 1
-    req = first.run_requests[0]
-    assert req.partition_key == f"{TABLE}|main"
-    assert req.run_key == f"{TABLE}|main|{head}"
-    assert "small files 4 >= 4" in req.tags["featurelake/reason"]
+    [req] = first.run_requests
+    assert req.partition_key == f"{TABLE}|main" and req.run_key == f"{TABLE}|main|{head}"
     [add] = first.dynamic_partitions_requests
     assert add.partitions_def_name == "compaction_targets" and list(add.partition_keys) == [f"{TABLE}|main"]
-
-    # the same snapshot: never requested again (cursor), same run key without a cursor
-    again = evaluate(sensor_def, instance, resource, cursor=first.cursor)
-    assert not again.run_requests
-    fresh = evaluate(sensor_def, instance, resource)
-    assert [r.run_key for r in fresh.run_requests] == [req.run_key]
-
-    # the requested run compacts: files and bytes before/after in the metadata
-    before = table.read().sort_by(KEY)
-    [run] = run_requested_compactions(first, instance, resource)
-    assert run["success"]
-    md = run["metadata"]
-    assert md["files_before"] == 4 and md["files_after"] == 1
-    assert md["small_files_before"] == 4 and md["files_in"] == 4 and md["files_out"] == 1
-    assert md["bytes_before"] > 0 and md["bytes_after"] > 0
-    assert md["snapshot_before"] == str(head) and md["snapshot_after"] != str(head)
-    assert table.read().sort_by(KEY).equals(before)
-    assert instance.has_dynamic_partition("compaction_targets", f"{TABLE}|main")
-    # the daemon's run-key rule, done in process: the same request is not run twice
-    assert run_requested_compactions(first, instance, resource) == []
-
-    # after the compaction's own commit: healthy, nothing requested
-    after = evaluate(sensor_def, instance, resource, cursor=again.cursor)
-    assert not after.run_requests
-
-    # a new write makes the branch eligible again (new snapshot, new run key)
-    append_small_files(table, 3, start=10)
-    later = evaluate(sensor_def, instance, resource, cursor=after.cursor)
-    assert len(later.run_requests) == 1
-    assert later.run_requests[0].run_key == f"{TABLE}|main|{table.stats()['snapshot_id']}"
-    assert later.run_requests[0].run_key != req.run_key
-    assert not later.dynamic_partitions_requests  # the partition exists already
+    assert not evaluate(sensor_def, instance, resource, cursor=first.cursor).run_requests
+    assert [r.run_key for r in evaluate(sensor_def, instance, resource).run_requests] == [req.run_key]
 
 
-def test_sensor_triggers_on_update_layers_per_branch(instance, resource, table, sensor_def):
+def test_sensor_triggers_on_update_layers_per_branch(daemon, table):
+    from dagster import DagsterRunStatus
+
     table.append(rows(0, 0, n=50))
     table.append(rows(1, 0, n=50))
     table.create_branch("research/ctr")
@@ -115,15 +223,13 @@ def test_sensor_triggers_on_update_layers_per_branch(instance, resource, table, 
     for value in (1.0, 2.0):
         table.backfill(pa.table({KEY: keys, "score": pa.array([value] * len(keys))}), branch="research/ctr")
     table.backfill(pa.table({KEY: keys, "score": pa.array([0.5] * len(keys))}))  # one layer on main
-    result = evaluate(sensor_def, instance, resource)
-    assert [r.partition_key for r in result.run_requests] == [f"{TABLE}|research/ctr"]
-    assert "update layers 2 >= 2" in result.run_requests[0].tags["featurelake/reason"]
-
-    from platform_defs.sensors import run_requested_compactions
-
-    [run] = run_requested_compactions(result, instance, resource)
-    assert run["success"] and run["metadata"]["update_files_folded"] == 4
-    assert run["metadata"]["max_update_layers_after"] == 0
+    tick = daemon.tick()
+    assert [k.rsplit("|", 1)[0] for k in tick.run_keys] == [f"{TABLE}|research/ctr"]
+    [run] = daemon.runs()
+    assert run.status == DagsterRunStatus.SUCCESS and "update layers 2 >= 2" in run.tags["featurelake/reason"]
+    md = _compaction_metadata(daemon.instance, run.run_id)
+    assert md["update_files_folded"] == 4 and md["max_update_layers_after"] == 0
+    assert table.read(columns=["score"], branch="research/ctr")["score"].to_pylist() == [2.0] * 100
     assert table.stats(branch="main")["update_files"] == 2  # main untouched
 
 
@@ -152,12 +258,18 @@ def test_compaction_asset_refuses_bad_partitions(instance, resource, table):
     from assets.maintenance import compaction
 
     table.append(rows(0, 0))
+    snapshots = [s["snapshot_id"] for s in table.snapshots()]
+    files = sorted(p for p in (resource.lake().home / "warehouse").rglob("*") if p.is_file())
     instance.add_dynamic_partitions("compaction_targets", ["no-separator", f"{TABLE}|nope"])
-    for key in ("no-separator", f"{TABLE}|nope"):
+    for key, error in (("no-separator", "is not '<namespace.table>|<branch>'"), (f"{TABLE}|nope", "nope")):
         result = materialize(
             [compaction], instance=instance, partition_key=key, resources={"lake": resource}, raise_on_error=False
         )
         assert not result.success
+        [failure] = result.get_step_failure_events()
+        assert error in str(failure.event_specific_data.error)
+    assert [s["snapshot_id"] for s in table.snapshots()] == snapshots  # nothing committed
+    assert sorted(p for p in (resource.lake().home / "warehouse").rglob("*") if p.is_file()) == files
 
 
 # ---------------------------------------------------------------- nightly schedule
