@@ -79,6 +79,19 @@ class CommitConflictError(FeatureLakeError):
     """A concurrent writer changed what this commit depends on."""
 
 
+class CommitStateUnknownError(FeatureLakeError):
+    """The catalog could not say whether a commit landed (e.g. the connection dropped during it).
+
+    Nothing was deleted: the commit's files stay, and garbage collection
+    removes them later if the commit did not land. Re-read the table before
+    retrying: ``snapshot_id`` is the snapshot the commit would have made.
+    """
+
+    def __init__(self, message: str, snapshot_id: int | None = None) -> None:
+        self.snapshot_id = snapshot_id
+        super().__init__(message)
+
+
 class QualityGateError(FeatureLakeError):
     """A data-quality check failed, so the change was not merged."""
 
@@ -104,6 +117,7 @@ __all__ = [
     "InvalidNameError",
     "MergeConflictError",
     "CommitConflictError",
+    "CommitStateUnknownError",
     "QualityGateError",
     "CorruptFileError",
 ]

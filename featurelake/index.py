@@ -294,7 +294,7 @@ def extend(ice: "IcebergTable", writer, new_files: Sequence[str], key_columns: S
 def rebuild(table, branch: str = "main") -> dict:
     """Replace a branch's index by one segment built from its data files (a metadata-only commit)."""
     from featurelake import refs
-    from featurelake.commit import optimistic
+    from featurelake.commit import commit, optimistic
     from featurelake.merge import snapshot_files
     from featurelake.state import STATE_KEY, StateWriter
 
@@ -310,8 +310,7 @@ def rebuild(table, branch: str = "main") -> dict:
         props = {STATE_KEY: writer.write(), "featurelake.operation": "index rebuild"}
         tx = ice.transaction()
         tx.update_snapshot(snapshot_properties=props, branch=branch).fast_append().commit()
-        new = tx.commit_transaction()
-        return {"branch": branch, "rows": seg.rows if seg else 0, "files": len(live), "snapshot_id": new.metadata.refs[branch].snapshot_id}
+        return {"branch": branch, "rows": seg.rows if seg else 0, "files": len(live), "snapshot_id": commit(tx, branch)}
 
     return optimistic(table.refresh, attempt, f"rebuild index of {table.name}@{branch}")
 

@@ -21,7 +21,7 @@ from pyiceberg.table import FileScanTask
 from pyiceberg.table import Table as IcebergTable
 
 from featurelake import index, refs
-from featurelake.commit import cleanup_on_failure, delete_quietly, optimistic
+from featurelake.commit import cleanup_on_failure, commit, delete_quietly, optimistic
 from featurelake.errors import CorruptFileError
 from featurelake.rewrite import merged_rows, rewrite_scan, write_data_files
 from featurelake.state import STATE_KEY, StateWriter
@@ -173,9 +173,8 @@ def compact(
                 op.delete_data_file(f)
             for f in added:
                 op.append_data_file(f)
-        new = tx.commit_transaction()
+        report.snapshot_id = commit(tx, branch)
         committed.update(f.file_path for f in added)
-        report.snapshot_id = new.metadata.refs[branch].snapshot_id
         report.files_in, report.bytes_in, report.rows = stats["files_in"], stats["bytes_in"], stats["rows"]
         report.files_out = len(added)
         report.bytes_out = sum(f.file_size_in_bytes for f in added)

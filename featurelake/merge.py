@@ -24,7 +24,7 @@ from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
 from featurelake import refs
-from featurelake.commit import optimistic
+from featurelake.commit import commit, commit_refs, optimistic
 from featurelake.errors import BranchNotFoundError, FeatureLakeError, MergeConflictError
 from featurelake.state import STATE_KEY, PlatformState, StateWriter, UpdateEntry
 
@@ -213,7 +213,7 @@ def _replay(
             op.delete_data_file(f)
         for f in added:
             op.append_data_file(f)
-    return tx.commit_transaction().metadata.refs[branch].snapshot_id
+    return commit(tx, branch)
 
 
 def _heads(ice: IcebergTable, source: str | int, into: str) -> tuple[Snapshot, Snapshot, Snapshot]:
@@ -235,7 +235,7 @@ def merge(table: "Table", source: str | int, into: str = refs.MAIN) -> int:
         if base.snapshot_id == src.snapshot_id:
             return tgt.snapshot_id  # already merged
         if base.snapshot_id == tgt.snapshot_id:
-            ice.manage_snapshots().create_branch(src.snapshot_id, into).commit()  # fast-forward
+            commit_refs(ice, lambda ms: ms.create_branch(src.snapshot_id, into))  # fast-forward
             return src.snapshot_id
         src_changes = change_set(table, ice, base, src)
         tgt_changes = change_set(table, ice, base, tgt)
@@ -260,7 +260,7 @@ def rebase(table: "Table", branch: str, onto: str = refs.MAIN) -> int:
         if base.snapshot_id == src.snapshot_id:
             return head.snapshot_id  # onto has nothing new
         if base.snapshot_id == head.snapshot_id:
-            ice.manage_snapshots().create_branch(src.snapshot_id, branch).commit()  # fast-forward
+            commit_refs(ice, lambda ms: ms.create_branch(src.snapshot_id, branch))  # fast-forward
             return src.snapshot_id
         mine = change_set(table, ice, base, head)
         theirs = change_set(table, ice, base, src)

@@ -1,0 +1,186 @@
+"""Commit safety: ambiguous commits, history kept for revert and merge, no duplicate keys from
+merges, immutable index segments, and concurrency (refs, compaction under load, a locked catalog).
+
+Faults are injected around the REAL catalog: its commit runs, then the "connection drops".
+Every scenario ends with an oracle check (pyarrow/dicts computed the obvious way).
+"""
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import sqlalchemy.exc
+
+from featurelake import Lake
+from featurelake.errors import CommitStateUnknownError, FeatureLakeError, MergeConflictError
+from featurelake.merge import snapshot_files
+
+KEY = "id"
+SCHEMA = pa.schema([pa.field(KEY, pa.int64(), nullable=False), pa.field("x", pa.float64()), pa.field("label", pa.int64())])
+
+
+def rows(t, **kw) -> dict[int, tuple]:
+    got = t.read(**kw)
+    assert len(set(got.column(KEY).to_pylist())) == got.num_rows, "a key appears twice"
+    return {r[KEY]: (r["x"], r["label"]) for r in got.to_pylist()}
+
+
+def batch(ids, x=None, label=None) -> pa.Table:
+    ids = list(ids)
+    cols = {KEY: pa.array(ids, pa.int64())}
+    if x is not None:
+        cols["x"] = pa.array([float(x + i) for i in ids], pa.float64())
+    if label is not None:
+        cols["label"] = pa.array([label] * len(ids), pa.int64())
+    return pa.table(cols)
+
+
+def seeded(lake, name="ml.s", parts=3, per=20):
+    """A table of ``parts`` appends of ``per`` rows and a backfill of labels; returns (table, oracle)."""
+    t = lake.create_table(name, SCHEMA, primary_key=KEY)
+    oracle = {}
+    for p in range(parts):
+        ids = range(p * per, (p + 1) * per)
+        t.append(batch(ids, x=0.0, label=0))
+        oracle.update({i: (float(i), 0) for i in ids})
+    t.backfill(batch(range(0, parts * per, 3), label=7))
+    oracle.update({i: (oracle[i][0], 7) for i in range(0, parts * per, 3)})
+    return t, oracle
+
+
+def files_of_main(t) -> set[str]:
+    """Every file main's head needs: data, update, state and index files."""
+    ice = t.refresh()
+    head = ice.metadata.snapshot_by_id(ice.metadata.refs["main"].snapshot_id)
+    state = t._state(ice, head)
+    out = set(snapshot_files(ice, head))
+    out.update(e.update_file for e in state.entries())
+    out.update(state.shards.values())
+    out.update(seg["path"] for seg in state.index_segments)
+    if state.root_path:
+        out.add(state.root_path)
+    return out
+
+
+def assert_main_intact(t, oracle) -> None:
+    ice = t.refresh()
+    missing = [p for p in files_of_main(t) if not ice.io.new_input(p).exists()]
+    assert missing == []
+    assert rows(t) == oracle
+    assert t.verify_index()["ok"]
+
+
+def lake_files(lake, t) -> set[str]:
+    root = t.refresh().location().removeprefix("file://")
+    return {str(p) for p in Path(root).rglob("*") if p.is_file()}
+
+
+def dropped_connection(lake) -> Exception:
+    """The error a driver raises when the connection drops during COMMIT."""
+    if lake.catalog.engine.url.get_backend_name() == "sqlite":
+        orig: Exception = sqlite3.OperationalError("disk I/O error")
+    else:
+        import psycopg2
+
+        orig = psycopg2.OperationalError("server closed the connection unexpectedly")
+    return sqlalchemy.exc.OperationalError("COMMIT", {}, orig)
+
+
+class Faults:
+    """Wraps the lake's real catalog: the next ``after`` commits land and then their acknowledgement
+    is lost; ``before`` commits fail before reaching the catalog; ``unreadable`` makes loads fail,
+    and ``then_unreachable`` sets it once a commit has landed (the catalog stays unreachable)."""
+
+    def __init__(self, lake, monkeypatch) -> None:
+        self.lake, self.after, self.before, self.landed = lake, 0, 0, 0
+        self.unreadable = self.then_unreachable = False
+        catalog = lake.catalog
+        real_commit, real_load = catalog.commit_table, catalog.load_table
+
+        def commit_table(table, requirements, updates):
+            if self.before:
+                self.before -= 1
+                raise ConnectionError("connection reset before COMMIT")
+            response = real_commit(table, requirements, updates)
+            if self.after:
+                self.after -= 1
+                self.landed += 1
+                self.unreadable = self.then_unreachable
+                raise dropped_connection(lake)
+            return response
+
+        def load_table(identifier):
+            if self.unreadable:
+                raise dropped_connection(lake)
+            return real_load(identifier)
+
+        monkeypatch.setattr(catalog, "commit_table", commit_table)
+        monkeypatch.setattr(catalog, "load_table", load_table)
+
+
+OPS = {
+    "append": lambda t, o: (t.append(batch(range(1000, 1010), x=0.0, label=1)), o.update({i: (float(i), 1) for i in range(1000, 1010)})),
+    "backfill": lambda t, o: (t.backfill(batch(range(0, 60, 2), label=5)), o.update({i: (o[i][0], 5) for i in range(0, 60, 2)})),
+    "upsert": lambda t, o: (
+        t.upsert(batch(list(range(50, 70)), x=100.0, label=9)),
+        o.update({i: (100.0 + i, 9) for i in range(50, 70)}),
+    ),
+    "compact": lambda t, o: (t.compact(), None),
+}
+
+
+# ------------------------------------------------------------------ item 2: ambiguous commits
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_a_commit_whose_acknowledgement_is_lost_keeps_its_files_and_succeeds(any_lake, monkeypatch, op):
+    t, oracle = seeded(any_lake)
+    faults = Faults(any_lake, monkeypatch)
+    faults.after = 1
+    before_head = t.branches()["main"]
+    OPS[op](t, oracle)
+    assert faults.landed == 1
+    head = t.branches()["main"]
+    assert head != before_head
+    assert len(t.snapshots()) == len([s for s in t.snapshots()])  # history readable
+    assert_main_intact(t, oracle)
+    assert rows(any_lake.table("ml.s")) == oracle
+
+
+@pytest.mark.parametrize("op", ["append", "upsert", "compact"])
+def test_an_unknown_commit_outcome_raises_and_deletes_nothing(any_lake, monkeypatch, op):
+    t, oracle = seeded(any_lake)
+    faults = Faults(any_lake, monkeypatch)
+    faults.after, faults.then_unreachable = 1, True
+    before = lake_files(any_lake, t)
+    landed = dict(oracle)
+    with pytest.raises(CommitStateUnknownError) as raised:
+        OPS[op](t, landed)
+    assert faults.landed == 1
+    faults.unreadable = False
+    after = lake_files(any_lake, t)
+    assert before <= after  # nothing deleted
+    head = t.branches()["main"]
+    assert raised.value.snapshot_id == head  # the error names the snapshot that (in fact) landed
+    if op == "append":
+        landed.update({i: (float(i), 1) for i in range(1000, 1010)})
+    elif op == "upsert":
+        landed.update({i: (100.0 + i, 9) for i in range(50, 70)})
+    assert_main_intact(t, landed)  # it did land: every file main needs is there
+
+
+def test_a_commit_that_did_not_land_is_retried_once_the_connection_is_back(any_lake, monkeypatch):
+    t, oracle = seeded(any_lake)
+    faults = Faults(any_lake, monkeypatch)
+    faults.before = 2
+    OPS["upsert"](t, oracle)
+    assert faults.before == 0
+    assert_main_intact(t, oracle)
