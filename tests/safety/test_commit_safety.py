@@ -184,3 +184,89 @@ def test_a_commit_that_did_not_land_is_retried_once_the_connection_is_back(any_l
     OPS["upsert"](t, oracle)
     assert faults.before == 0
     assert_main_intact(t, oracle)
+
+
+# ------------------------------------------------------------------ concurrency
+def run_writers(lake, name: str, n: int, work, stop: threading.Event) -> tuple[list[threading.Thread], list[BaseException]]:
+    """Start ``n`` threads calling ``work(table, writer, i)`` until ``stop``; errors are collected."""
+    errors: list[BaseException] = []
+
+    def loop(w: int) -> None:
+        t = lake.table(name)
+        i = 0
+        try:
+            while not stop.is_set():
+                work(t, w, i)
+                i += 1
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=loop, args=(w,), daemon=True) for w in range(n)]
+    for th in threads:
+        th.start()
+    return threads, errors
+
+
+def test_ref_operations_during_concurrent_writes_retry_and_succeed(any_lake):
+    t = any_lake.create_table("ml.r", SCHEMA, primary_key=KEY)
+    t.append(batch(range(10), x=0.0, label=0))
+    appended: dict[int, list[int]] = {}
+
+    def append(table, w, i):
+        ids = range(100_000 * (w + 1) + 10 * i, 100_000 * (w + 1) + 10 * i + 10)
+        table.append(batch(ids, x=0.0, label=w))
+        appended.setdefault(w, []).extend(ids)
+
+    stop = threading.Event()
+    threads, errors = run_writers(any_lake, "ml.r", 3, append, stop)
+    try:
+        for i in range(6):
+            tagged = t.create_tag(f"tag{i}")
+            t.create_branch(f"br{i}", from_ref=f"tag{i}")
+            assert t.tags()[f"tag{i}"] == tagged == t.branches()[f"br{i}"]
+            t.drop_tag(f"tag{i}")
+            t.drop_branch(f"br{i}")
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(60)
+    assert errors == []
+    assert sorted(t.refresh().metadata.refs) == ["main"]
+    expected = set(range(10)) | {k for ids in appended.values() for k in ids}
+    assert set(rows(t)) == expected
+
+
+def test_a_catalog_locked_by_another_process_for_over_5s_is_waited_for(tmp_path):
+    lake = Lake(tmp_path / "lake")
+    t = lake.create_table("ml.l", SCHEMA, primary_key=KEY)
+    t.append(batch(range(10), x=0.0, label=0))
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                f"""
+                import sqlite3, sys, time
+                c = sqlite3.connect({str(tmp_path / "lake" / "catalog.db")!r}, isolation_level=None)
+                c.execute("BEGIN EXCLUSIVE")
+                print("locked", flush=True)
+                time.sleep(6.5)
+                c.execute("COMMIT")
+                """
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        t0 = time.monotonic()
+        t.append(batch(range(10, 20), x=0.0, label=1))
+        assert time.monotonic() - t0 > 5  # it really waited for the lock
+        assert rows(Lake(tmp_path / "lake").table("ml.l")) == {
+            **{i: (float(i), 0) for i in range(10)},
+            **{i: (float(i), 1) for i in range(10, 20)},
+        }
+    finally:
+        holder.wait(30)
+    assert holder.returncode == 0
