@@ -65,13 +65,15 @@ class InvalidNameError(FeatureLakeError):
 
 
 class MergeConflictError(FeatureLakeError):
-    """Both sides of a merge changed the same data file and column.
+    """Both sides of a merge changed the same data file and column, or inserted the same key.
 
-    ``conflicts`` is a list of (data file, column, reason) triples.
+    ``conflicts`` is a list of (data file, column, reason) triples; ``keys``
+    holds example primary keys both sides inserted (empty for column conflicts).
     """
 
-    def __init__(self, message: str, conflicts: Iterable[tuple[str, str, str]] = ()) -> None:
+    def __init__(self, message: str, conflicts: Iterable[tuple[str, str, str]] = (), keys: Iterable[Any] = ()) -> None:
         self.conflicts = list(conflicts)
+        self.keys = list(keys)
         super().__init__(message)
 
 

@@ -270,3 +270,43 @@ def test_a_catalog_locked_by_another_process_for_over_5s_is_waited_for(tmp_path)
     finally:
         holder.wait(30)
     assert holder.returncode == 0
+
+
+# ------------------------------------------------------------------ item 4: no duplicate keys from merges
+@pytest.mark.parametrize("how", ["merge", "rebase"])
+@pytest.mark.parametrize("write", ["append", "upsert"])
+def test_both_sides_inserting_the_same_key_is_a_conflict_not_a_duplicate(lake, how, write):
+    t = lake.create_table("ml.m", SCHEMA, primary_key=KEY)
+    t.append(batch(range(1000), x=0.0, label=0))
+    t.create_branch("b")
+    getattr(t, write)(batch([1000], x=1.0, label=1))  # main inserts 1000
+    getattr(t, write)(batch([1000, 1001], x=2.0, label=2), branch="b")  # so does the branch, and 1001
+    before = {ref: rows(t, branch=ref) for ref in ("main", "b")}
+    heads = (t.branches(), t.tags())
+    with pytest.raises(MergeConflictError) as raised:
+        t.merge("b") if how == "merge" else t.rebase("b")
+    assert raised.value.keys == [1000]
+    assert "1000" in str(raised.value)
+    assert (t.branches(), t.tags()) == heads  # nothing committed
+    assert {ref: rows(t, branch=ref) for ref in ("main", "b")} == before
+    for ref in ("main", "b"):
+        got = t.read(branch=ref)
+        assert len(set(got.column(KEY).to_pylist())) == got.num_rows
+        assert t.verify_index(ref)["ok"]
+
+
+def test_merge_and_rebase_of_distinct_inserts_still_work(lake):
+    t = lake.create_table("ml.m", SCHEMA, primary_key=KEY)
+    t.append(batch(range(100), x=0.0, label=0))
+    t.create_branch("b")
+    t.create_branch("c")
+    t.append(batch([100], x=1.0, label=1))
+    t.upsert(batch([5, 200], x=3.0, label=3), branch="b")
+    t.append(batch([300], x=4.0, label=4), branch="c")
+    expected = {i: (float(i), 0) for i in range(100)}
+    expected.update({100: (101.0, 1), 5: (8.0, 3), 200: (203.0, 3), 300: (304.0, 4)})
+    t.merge("b")
+    t.rebase("c")
+    t.merge("c")
+    assert rows(t) == expected
+    assert t.verify_index()["ok"]
