@@ -94,6 +94,10 @@ class CommitStateUnknownError(FeatureLakeError):
         super().__init__(message)
 
 
+class HistoryExpiredError(FeatureLakeError):
+    """The operation needs a snapshot that snapshot expiry removed; nothing was changed."""
+
+
 class QualityGateError(FeatureLakeError):
     """A data-quality check failed, so the change was not merged."""
 
@@ -120,6 +124,7 @@ __all__ = [
     "MergeConflictError",
     "CommitConflictError",
     "CommitStateUnknownError",
+    "HistoryExpiredError",
     "QualityGateError",
     "CorruptFileError",
 ]

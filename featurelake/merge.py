@@ -53,7 +53,7 @@ def snapshot_files(ice: IcebergTable, snapshot: Snapshot | None) -> dict[str, Da
 MERGED_FROM = "featurelake.merged-from"
 
 
-def _history(meta, head: Snapshot) -> list[Snapshot]:
+def history(meta, head: Snapshot) -> list[Snapshot]:
     """Ancestors including merged sources (a merge snapshot's second parent), nearest first."""
     out, seen, frontier = [], set(), [head]
     while frontier:
@@ -74,8 +74,8 @@ def _history(meta, head: Snapshot) -> list[Snapshot]:
 
 def fork_point(meta, a: Snapshot, b: Snapshot) -> Snapshot | None:
     """The nearest common ancestor of two snapshots, following merges."""
-    seen = {s.snapshot_id for s in _history(meta, b)}
-    for s in _history(meta, a):
+    seen = {s.snapshot_id for s in history(meta, b)}
+    for s in history(meta, a):
         if s.snapshot_id in seen:
             return s
     return None

@@ -310,3 +310,68 @@ def test_merge_and_rebase_of_distinct_inserts_still_work(lake):
     t.merge("c")
     assert rows(t) == expected
     assert t.verify_index()["ok"]
+
+
+# ------------------------------------------------------------------ item 3: history kept for revert, merge, diff
+def expire_all(t) -> list[int]:
+    """What the nightly job does: expire everything it may, keeping one snapshot per branch."""
+    return t.expire_snapshots(datetime.now(timezone.utc) + timedelta(seconds=5), retain_last=1)
+
+
+def test_reverting_an_append_whose_parent_was_expired_removes_only_that_append(lake):
+    t = lake.create_table("ml.e", SCHEMA, primary_key=KEY)
+    oracle = {}
+    for p in range(4):
+        t.append(batch(range(p * 500, (p + 1) * 500), x=0.0, label=0))
+        oracle.update({i: (float(i), 0) for i in range(p * 500, (p + 1) * 500)})
+    extra = t.append(batch(range(5000, 5010), x=0.0, label=1))
+    assert expire_all(t)
+    assert t.refresh().metadata.snapshot_by_id(t.refresh().metadata.snapshot_by_id(extra).parent_snapshot_id) is None
+    t.revert(extra)
+    assert rows(t) == oracle
+    assert t.verify_index()["ok"]
+
+
+def test_reverting_a_backfill_whose_parent_was_expired_restores_the_old_values(lake):
+    t = lake.create_table("ml.e", SCHEMA, primary_key=KEY)
+    t.append(batch(range(1000), x=0.0, label=0))
+    t.backfill(batch(range(0, 1000, 2), label=3))
+    oracle = {i: (float(i), 3 if i % 2 == 0 else 0) for i in range(1000)}
+    fill = t.backfill(batch(range(0, 1000, 5), label=8))
+    assert expire_all(t)
+    t.revert(fill)
+    assert rows(t) == oracle
+
+
+def test_reverting_a_compaction_whose_parent_was_expired_is_refused_and_changes_nothing(lake):
+    t, oracle = seeded(lake)
+    compacted = t.compact().snapshot_id
+    assert expire_all(t)
+    heads = t.branches()
+    with pytest.raises(FeatureLakeError, match="expired") as raised:
+        t.revert(compacted)
+    assert type(raised.value).__name__ == "HistoryExpiredError"
+    assert t.branches() == heads
+    assert rows(t) == oracle
+
+
+def test_a_branch_stays_mergeable_after_its_fork_point_would_have_expired(lake):
+    t = lake.create_table("ml.e", SCHEMA, primary_key=KEY)
+    t.append(batch(range(100), x=0.0, label=0))
+    t.append(batch(range(100, 200), x=0.0, label=0))
+    t.create_branch("research")
+    t.backfill(batch(range(0, 200, 4), label=6), branch="research")
+    t.append(batch(range(200, 300), x=0.0, label=0))  # main moves on
+    t.backfill(batch(range(1, 200, 4), x=50.0))  # another column: no conflict
+    t.create_tag("v1", "research")
+    for _ in range(3):
+        t.upsert(batch(range(300, 310), x=5.0, label=1))
+    expected = {i: (float(i), 0) for i in range(300)}
+    expected.update({i: (expected[i][0], 6) for i in range(0, 200, 4)})
+    expected.update({i: (50.0 + i, 0) for i in range(1, 200, 4)})
+    expected.update({i: (5.0 + i, 1) for i in range(300, 310)})
+    assert expire_all(t)  # something was expired, but not the walks to the fork point
+    assert t.diff("research")["columns_updated"] == ["label"]
+    t.merge("research")
+    assert rows(t) == expected
+    assert t.verify_index()["ok"]
