@@ -375,3 +375,59 @@ def test_a_branch_stays_mergeable_after_its_fork_point_would_have_expired(lake):
     t.merge("research")
     assert rows(t) == expected
     assert t.verify_index()["ok"]
+
+
+# ------------------------------------------------------------------ item 10: a segment rewritten in place
+SEGMENT_REWRITE = """
+import json, sys
+import pyarrow as pa
+from featurelake import Lake
+from featurelake.errors import CorruptFileError
+
+home, how = sys.argv[1], sys.argv[2]
+t = Lake(home).create_table("ml.s", pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("x", pa.float64())]), primary_key="id")
+t.append(pa.table({"id": pa.array(range(100_000), pa.int64()), "x": pa.array([0.0] * 100_000)}))
+t.upsert(pa.table({"id": pa.array([1, 2], pa.int64()), "x": pa.array([1.0, 2.0])}))  # maps the segment
+ice = t.refresh()
+seg = t._state(ice, ice.metadata.current_snapshot()).index_segments[0]["path"].removeprefix("file://")
+data = open(seg, "rb").read()
+with open(seg, "wb") as f:  # rewritten in place: same inode
+    f.write(data[: len(data) // 4] if how == "truncated" else data)
+out = {}
+try:
+    t.upsert(pa.table({"id": pa.array([50_000, 99_999], pa.int64()), "x": pa.array([3.0, 4.0])}))
+    out["upsert"] = "ok"
+except CorruptFileError as e:
+    out["upsert"] = "CorruptFileError"
+    out["path"] = e.path
+    t.rebuild_index()
+    t.upsert(pa.table({"id": pa.array([50_000, 99_999], pa.int64()), "x": pa.array([3.0, 4.0])}))
+got = t.read()
+out["rows"] = got.num_rows
+out["distinct"] = len(set(got.column("id").to_pylist()))
+out["x"] = dict(zip(*[got.column(c).to_pylist() for c in ("id", "x")]))
+out["x"] = {k: out["x"][k] for k in (0, 1, 2, 50_000, 99_999)}
+out["segment"] = seg
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("how", ["truncated", "same_bytes"])
+def test_a_mapped_index_segment_rewritten_in_place_never_kills_the_process(tmp_path, how):
+    import json
+
+    proc = subprocess.run(
+        [sys.executable, "-c", SEGMENT_REWRITE, str(tmp_path / "lake"), how],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert proc.returncode == 0, f"exit {proc.returncode} (SIGBUS is -7): {proc.stderr[-2000:]}"
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    if how == "truncated":
+        assert out["upsert"] == "CorruptFileError" and out["path"].endswith(Path(out["segment"]).name)
+    else:
+        assert out["upsert"] == "ok"
+    assert out["rows"] == out["distinct"] == 100_000
+    assert out["x"] == {"0": 0.0, "1": 1.0, "2": 2.0, "50000": 3.0, "99999": 4.0}
