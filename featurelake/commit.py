@@ -28,7 +28,10 @@ from pyiceberg.table import Transaction
 from pyiceberg.table.update import AddSnapshotUpdate, RemoveSnapshotRefUpdate, SetSnapshotRefUpdate
 from pyiceberg.table.update.snapshot import ManageSnapshots
 
+from featurelake import manifest_cache
 from featurelake.errors import CommitConflictError, CommitStateUnknownError
+
+manifest_cache.install()  # keeps a rebased commit's window short (see featurelake.manifest_cache)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -52,7 +55,9 @@ def is_busy(e: BaseException) -> bool:
     return type(e).__name__ == "OperationalError" and "locked" in str(e)
 
 
-def optimistic(load: Callable[[], IcebergTable], attempt: Callable[[IcebergTable], T], what: str, attempts: int = DEFAULT_ATTEMPTS) -> T:
+def optimistic(
+    load: Callable[[], IcebergTable], attempt: Callable[[IcebergTable], T], what: str, attempts: int = DEFAULT_ATTEMPTS, max_wait: float = 2.0
+) -> T:
     """Run ``attempt`` on a freshly loaded table until its commit lands.
 
     ``attempt`` validates, stages and commits (with ``commit``) using the
@@ -73,7 +78,7 @@ def optimistic(load: Callable[[], IcebergTable], attempt: Callable[[IcebergTable
             if not is_busy(e):
                 raise
             reason = e
-        wait = min(2.0, 0.02 * 2**i) * (0.5 + random.random())
+        wait = min(max_wait, 0.02 * 2**i) * (0.5 + random.random())
         log.info("%s: concurrent commit (%s), retrying in %.2fs", what, reason, wait)
         time.sleep(wait)
     raise CommitConflictError(f"{what}: gave up after {attempts} attempts against concurrent writers")
