@@ -36,6 +36,7 @@ manifest_cache.install()  # keeps a rebased commit's window short (see featurela
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 DEFAULT_ATTEMPTS = 12
+CONFIRM_AFTER_S = 0.5
 
 
 def single_attempt(ice: IcebergTable) -> IcebergTable:
@@ -106,6 +107,9 @@ def commit(tx: Transaction, branch: str | None = None) -> int | None:
         if is_busy(e):
             raise
         outcome = _landed(table, snapshots, moves, removed)
+        if outcome is False:  # confirm after a pause: a COMMIT still finishing on the server shows up
+            time.sleep(CONFIRM_AFTER_S)
+            outcome = _landed(table, snapshots, moves, removed)
         what = f"commit to {'.'.join(table.name())}" + (f"@{branch}" if branch else "")
         if outcome is None:
             raise CommitStateUnknownError(

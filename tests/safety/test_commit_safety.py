@@ -146,11 +146,11 @@ def test_a_commit_whose_acknowledgement_is_lost_keeps_its_files_and_succeeds(any
     faults = Faults(any_lake, monkeypatch)
     faults.after = 1
     before_head = t.branches()["main"]
-    OPS[op](t, oracle)
+    result = OPS[op](t, oracle)[0]
     assert faults.landed == 1
     head = t.branches()["main"]
     assert head != before_head
-    assert len(t.snapshots()) == len([s for s in t.snapshots()])  # history readable
+    assert (result if isinstance(result, int) else result.snapshot_id) == head  # reported as the success it was
     assert_main_intact(t, oracle)
     assert rows(any_lake.table("ml.s")) == oracle
 
@@ -386,7 +386,7 @@ from featurelake.errors import CorruptFileError
 
 home, how = sys.argv[1], sys.argv[2]
 t = Lake(home).create_table("ml.s", pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("x", pa.float64())]), primary_key="id")
-t.append(pa.table({"id": pa.array(range(100_000), pa.int64()), "x": pa.array([0.0] * 100_000)}))
+t.append(pa.table({"id": pa.array(range(20_000), pa.int64()), "x": pa.array([0.0] * 20_000)}))
 t.upsert(pa.table({"id": pa.array([1, 2], pa.int64()), "x": pa.array([1.0, 2.0])}))  # maps the segment
 ice = t.refresh()
 seg = t._state(ice, ice.metadata.current_snapshot()).index_segments[0]["path"].removeprefix("file://")
@@ -395,18 +395,18 @@ with open(seg, "wb") as f:  # rewritten in place: same inode
     f.write(data[: len(data) // 4] if how == "truncated" else data)
 out = {}
 try:
-    t.upsert(pa.table({"id": pa.array([50_000, 99_999], pa.int64()), "x": pa.array([3.0, 4.0])}))
+    t.upsert(pa.table({"id": pa.array([10_000, 19_999], pa.int64()), "x": pa.array([3.0, 4.0])}))
     out["upsert"] = "ok"
 except CorruptFileError as e:
     out["upsert"] = "CorruptFileError"
     out["path"] = e.path
     t.rebuild_index()
-    t.upsert(pa.table({"id": pa.array([50_000, 99_999], pa.int64()), "x": pa.array([3.0, 4.0])}))
+    t.upsert(pa.table({"id": pa.array([10_000, 19_999], pa.int64()), "x": pa.array([3.0, 4.0])}))
 got = t.read()
 out["rows"] = got.num_rows
 out["distinct"] = len(set(got.column("id").to_pylist()))
 out["x"] = dict(zip(*[got.column(c).to_pylist() for c in ("id", "x")]))
-out["x"] = {k: out["x"][k] for k in (0, 1, 2, 50_000, 99_999)}
+out["x"] = {k: out["x"][k] for k in (0, 1, 2, 10_000, 19_999)}
 out["segment"] = seg
 print(json.dumps(out))
 """
@@ -429,8 +429,8 @@ def test_a_mapped_index_segment_rewritten_in_place_never_kills_the_process(tmp_p
         assert out["upsert"] == "CorruptFileError" and out["path"].endswith(Path(out["segment"]).name)
     else:
         assert out["upsert"] == "ok"
-    assert out["rows"] == out["distinct"] == 100_000
-    assert out["x"] == {"0": 0.0, "1": 1.0, "2": 2.0, "50000": 3.0, "99999": 4.0}
+    assert out["rows"] == out["distinct"] == 20_000
+    assert out["x"] == {"0": 0.0, "1": 1.0, "2": 2.0, "10000": 3.0, "19999": 4.0}
 
 
 # ------------------------------------------------------------------ compaction under steady writes
