@@ -88,8 +88,8 @@ def optimistic(
 def commit(tx: Transaction, branch: str | None = None) -> int | None:
     """Commit ``tx`` once; return the snapshot ``branch`` points at afterwards (None without ``branch``).
 
-    A definite failure (a concurrent commit, a busy SQLite catalog) is raised
-    as is. Any other failure may have happened after the catalog applied the
+    A definite failure (a concurrent commit, pyiceberg's validation or
+    stale-table errors, a busy SQLite catalog) is raised as is. Any other failure may have happened after the catalog applied the
     commit, so the table is re-read: if what ``tx`` staged is there, the commit
     landed and this returns normally; if not, CommitFailedException is raised
     (the caller retries); if the catalog cannot be read, CommitStateUnknownError.
@@ -101,7 +101,7 @@ def commit(tx: Transaction, branch: str | None = None) -> int | None:
     table = tx._table  # noqa: SLF001
     try:
         new = tx.commit_transaction()
-    except (CommitFailedException, ValidationException):
+    except (CommitFailedException, ValidationException, ValueError):  # raised before the catalog writes
         raise
     except Exception as e:
         if is_busy(e):
