@@ -6,6 +6,13 @@ whose state (live update files, key checks) was computed from the old head:
 the replay would silently drop the other writer's update files. So platform
 commits are made as a single attempt, and on a conflict the whole operation
 (validate, compute state, stage) runs again on the refreshed table.
+
+A commit can also fail *ambiguously*: the catalog's COMMIT ran, then the
+connection dropped before the acknowledgement arrived. ``commit`` then
+re-reads the table and looks for what it staged: found, the commit landed and
+the operation succeeds; absent, it is an ordinary failed attempt (retried);
+unreadable, it raises CommitStateUnknownError and no file is deleted (garbage
+collection removes them later if they turn out unreferenced).
 """
 from __future__ import annotations
 
@@ -15,15 +22,22 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator, TypeVar
 
-from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.table import Table as IcebergTable
+from pyiceberg.table import Transaction
+from pyiceberg.table.update import AddSnapshotUpdate, RemoveSnapshotRefUpdate, SetSnapshotRefUpdate
+from pyiceberg.table.update.snapshot import ManageSnapshots
 
-from featurelake.errors import CommitConflictError
+from featurelake import manifest_cache
+from featurelake.errors import CommitConflictError, CommitStateUnknownError
 from featurelake.guard import delete_quietly_io, recording
+
+manifest_cache.install()  # keeps a rebased commit's window short (see featurelake.manifest_cache)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 DEFAULT_ATTEMPTS = 12
+CONFIRM_AFTER_S = 0.5
 
 
 def single_attempt(ice: IcebergTable) -> IcebergTable:
@@ -38,31 +52,104 @@ def _is_stale_sequence(e: ValueError) -> bool:
     return "sequence number" in str(e)
 
 
-def optimistic(load: Callable[[], IcebergTable], attempt: Callable[[IcebergTable], T], what: str, attempts: int = DEFAULT_ATTEMPTS) -> T:
+def is_busy(e: BaseException) -> bool:
+    """An embedded SQLite catalog busy with another process's write (nothing was changed)."""
+    return type(e).__name__ == "OperationalError" and "locked" in str(e)
+
+
+def optimistic(
+    load: Callable[[], IcebergTable], attempt: Callable[[IcebergTable], T], what: str, attempts: int = DEFAULT_ATTEMPTS, max_wait: float = 2.0
+) -> T:
     """Run ``attempt`` on a freshly loaded table until its commit lands.
 
-    ``attempt`` validates, stages and commits using the single-attempt table it
-    is given. A concurrent commit makes it run again from a fresh load; after
+    ``attempt`` validates, stages and commits (with ``commit``) using the
+    single-attempt table it is given. A concurrent commit, or a catalog busy
+    with another process, makes it run again from a fresh load; after
     ``attempts`` tries a CommitConflictError is raised and nothing is written.
     """
     for i in range(attempts):
-        ice = single_attempt(load())
         try:
-            return attempt(ice)
+            return attempt(single_attempt(load()))
         except CommitFailedException as e:
-            reason = e
+            reason: Exception = e
         except ValueError as e:  # pyiceberg's stale-table error, not retried by pyiceberg itself
             if not _is_stale_sequence(e):
                 raise
             reason = e
-        except Exception as e:  # an embedded SQLite catalog busy with another process's commit
-            if type(e).__name__ != "OperationalError" or "locked" not in str(e):
+        except Exception as e:
+            if not is_busy(e):
                 raise
             reason = e
-        wait = min(2.0, 0.02 * 2**i) * (0.5 + random.random())
+        wait = min(max_wait, 0.02 * 2**i) * (0.5 + random.random())
         log.info("%s: concurrent commit (%s), retrying in %.2fs", what, reason, wait)
         time.sleep(wait)
     raise CommitConflictError(f"{what}: gave up after {attempts} attempts against concurrent writers")
+
+
+def commit(tx: Transaction, branch: str | None = None) -> int | None:
+    """Commit ``tx`` once; return the snapshot ``branch`` points at afterwards (None without ``branch``).
+
+    A definite failure (a concurrent commit, pyiceberg's validation or
+    stale-table errors, a busy SQLite catalog) is raised as is. Any other failure may have happened after the catalog applied the
+    commit, so the table is re-read: if what ``tx`` staged is there, the commit
+    landed and this returns normally; if not, CommitFailedException is raised
+    (the caller retries); if the catalog cannot be read, CommitStateUnknownError.
+    """
+    updates = list(tx._updates)  # noqa: SLF001 - what this transaction stages, to look for it afterwards
+    snapshots = [u.snapshot.snapshot_id for u in updates if isinstance(u, AddSnapshotUpdate)]
+    moves = {u.ref_name: u.snapshot_id for u in updates if isinstance(u, SetSnapshotRefUpdate)}
+    removed = [u.ref_name for u in updates if isinstance(u, RemoveSnapshotRefUpdate)]
+    table = tx._table  # noqa: SLF001
+    try:
+        new = tx.commit_transaction()
+    except (CommitFailedException, ValidationException, ValueError):  # raised before the catalog writes
+        raise
+    except Exception as e:
+        if is_busy(e):
+            raise
+        outcome = _landed(table, snapshots, moves, removed)
+        if outcome is False:  # confirm after a pause: a COMMIT still finishing on the server shows up
+            time.sleep(CONFIRM_AFTER_S)
+            outcome = _landed(table, snapshots, moves, removed)
+        what = f"commit to {'.'.join(table.name())}" + (f"@{branch}" if branch else "")
+        if outcome is None:
+            raise CommitStateUnknownError(
+                f"{what}: the catalog failed during the commit ({type(e).__name__}: {e}) and could not be read "
+                "back to tell whether it landed; its files were kept (garbage collection removes them if it did not)",
+                snapshots[-1] if snapshots else None,
+            ) from e
+        if not outcome:
+            raise CommitFailedException(f"{what} did not land ({type(e).__name__}: {e})") from e
+        log.warning("%s: the catalog failed after applying the commit (%s); it landed", what, e)
+        return moves.get(branch) if branch else None
+    if branch is None:
+        return None
+    ref = new.metadata.refs.get(branch)
+    return moves.get(branch, ref.snapshot_id if ref else None)
+
+
+def commit_refs(ice: IcebergTable, change: Callable[[ManageSnapshots], ManageSnapshots]) -> None:
+    """Commit a ref-only change (``change`` calls create_branch, create_tag, remove_tag, ...)."""
+    tx = ice.transaction()
+    change(ManageSnapshots(tx)).commit()
+    commit(tx)
+
+
+def _landed(table: IcebergTable, snapshots: list[int], moves: dict[str, int], removed: list[str], tries: int = 3) -> bool | None:
+    """Whether the staged snapshots (or, for a ref-only change, the ref changes) are in the catalog; None if unreadable."""
+    for i in range(tries):
+        try:
+            meta = table.catalog.load_table(table.name()).metadata
+        except Exception:  # noqa: BLE001 - any failure to read leaves the outcome unknown
+            time.sleep(0.2 * (i + 1))
+            continue
+        if snapshots:
+            return all(meta.snapshot_by_id(s) is not None for s in snapshots)
+        if moves or removed:
+            moved = all(name in meta.refs and meta.refs[name].snapshot_id == sid for name, sid in moves.items())
+            return moved and all(name not in meta.refs for name in removed)
+        return None  # a schema or property change only: nothing to recognise it by
+    return None
 
 
 def delete_quietly(ice: IcebergTable, paths: Iterable[str]) -> None:
@@ -74,13 +161,16 @@ def delete_quietly(ice: IcebergTable, paths: Iterable[str]) -> None:
 def cleanup_on_failure(ice: IcebergTable, written: list[str], landed: Callable[[], bool]) -> Iterator[None]:
     """Delete the files in ``written`` if the block fails before its commit ``landed``.
 
-    Files of a commit whose outcome is known to have landed are never touched.
-    Files created through tables loaded inside the block (partial ones too,
-    e.g. on a full disk) are deleted with them (see featurelake.guard).
+    Files of a commit that landed, or whose outcome is unknown
+    (CommitStateUnknownError), are never touched. Files created through tables
+    loaded inside the block (partial ones too, e.g. on a full disk) are deleted
+    with them (see featurelake.guard).
     """
     with recording() as session:
         try:
             yield
+        except CommitStateUnknownError:
+            raise
         except BaseException:
             if not landed():
                 delete_quietly(ice, [*written, *session.created()])

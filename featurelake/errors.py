@@ -81,18 +81,37 @@ class StorageError(FeatureLakeError, OSError):
 
 
 class MergeConflictError(FeatureLakeError):
-    """Both sides of a merge changed the same data file and column.
+    """Both sides of a merge changed the same data file and column, or inserted the same key.
 
-    ``conflicts`` is a list of (data file, column, reason) triples.
+    ``conflicts`` is a list of (data file, column, reason) triples; ``keys``
+    holds example primary keys both sides inserted (empty for column conflicts).
     """
 
-    def __init__(self, message: str, conflicts: Iterable[tuple[str, str, str]] = ()) -> None:
+    def __init__(self, message: str, conflicts: Iterable[tuple[str, str, str]] = (), keys: Iterable[Any] = ()) -> None:
         self.conflicts = list(conflicts)
+        self.keys = list(keys)
         super().__init__(message)
 
 
 class CommitConflictError(FeatureLakeError):
     """A concurrent writer changed what this commit depends on."""
+
+
+class CommitStateUnknownError(FeatureLakeError):
+    """The catalog could not say whether a commit landed (e.g. the connection dropped during it).
+
+    Nothing was deleted: the commit's files stay, and garbage collection
+    removes them later if the commit did not land. Re-read the table before
+    retrying: ``snapshot_id`` is the snapshot the commit would have made.
+    """
+
+    def __init__(self, message: str, snapshot_id: int | None = None) -> None:
+        self.snapshot_id = snapshot_id
+        super().__init__(message)
+
+
+class HistoryExpiredError(FeatureLakeError):
+    """The operation needs a snapshot that snapshot expiry removed; nothing was changed."""
 
 
 class QualityGateError(FeatureLakeError):
@@ -131,6 +150,8 @@ __all__ = [
     "CatalogUnavailableError",
     "MergeConflictError",
     "CommitConflictError",
+    "CommitStateUnknownError",
+    "HistoryExpiredError",
     "QualityGateError",
     "CorruptFileError",
     "GarbageCollectionError",

@@ -63,10 +63,37 @@ def _state_provider(meta, snapshot) -> int | None:
     return None
 
 
+def fork_paths(meta) -> set[int]:
+    """Snapshots on the way from each ref head back to its fork point with every branch.
+
+    Merge, rebase and diff find the common base by walking parents (and merged
+    sources) from both heads; keeping these walks intact keeps a live branch
+    mergeable however much history is expired around it.
+    """
+    from featurelake.merge import fork_point, history
+
+    heads = {name: meta.snapshot_by_id(ref.snapshot_id) for name, ref in meta.refs.items()}
+    keep: set[int] = set()
+    for name in refs.branches(meta):
+        for other, head in heads.items():
+            if other == name or head is None or heads[name] is None:
+                continue
+            base = fork_point(meta, heads[name], head)
+            if base is None:
+                continue
+            for side in (heads[name], head):
+                for snap in history(meta, side):  # nearest first: every shortest path to base comes before it
+                    keep.add(snap.snapshot_id)
+                    if snap.snapshot_id == base.snapshot_id:
+                        break
+    return keep
+
+
 def retained_snapshot_ids(meta, cutoff_ms: int, retain_last: int) -> set[int]:
     """The snapshots expiry keeps: ref heads, the last ``retain_last`` of each branch,
-    those newer than the cutoff, and those carrying state a kept one inherits."""
-    keep: set[int] = set()
+    those newer than the cutoff, the walks from each branch to its fork points
+    (``fork_paths``), and those carrying state a kept one inherits."""
+    keep: set[int] = fork_paths(meta)
     for ref in meta.refs.values():
         head = meta.snapshot_by_id(ref.snapshot_id)
         for i, snap in enumerate(refs.ancestors(meta, head)):
@@ -86,8 +113,10 @@ def expire_snapshots(table: "Table", older_than: datetime, retain_last: int = 1)
     """Expire snapshots older than ``older_than``; returns the expired ids.
 
     Every ref head and the last ``retain_last`` snapshots of each branch are
-    kept, and so is any snapshot whose summary carries the platform state a
-    kept snapshot inherits (a commit by another engine has none of its own).
+    kept, and so are the fork points of live branches with the snapshots
+    leading to them (so merge, rebase and diff still work), and any snapshot
+    whose summary carries the platform state a kept snapshot inherits (a
+    commit by another engine has none of its own).
     Files are freed later by ``collect_garbage``.
     """
     if retain_last < 1:

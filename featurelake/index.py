@@ -18,10 +18,17 @@ union of segment lists. Segments are merged (dropping dead entries) when they
 pile up, and ``rebuild`` makes one from the data alone. Live data files that no
 segment covers (written by another engine) are found by scanning their key
 columns, so lookups are correct even then.
+
+Segments, like every file in the lake, are written once under a fresh name and
+never rewritten. A mapped file that something else truncates would kill the
+process with SIGBUS on the next access, so a cached mapping is used only while
+the file's identity (inode, size, mtime) is unchanged; a changed or damaged
+segment is a CorruptFileError naming it, never a crash.
 """
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Sequence
@@ -86,13 +93,29 @@ def _column(table: pa.Table, name: str) -> np.ndarray:
     return chunk.to_numpy(zero_copy_only=False)
 
 
+def _local(path: str) -> str | None:
+    """The local filesystem path of a lake path, or None for an object store."""
+    if path.startswith("file://"):
+        return path.removeprefix("file://")
+    return None if "://" in path else path
+
+
+def _identity(local: str) -> tuple[int, int, int]:
+    st = os.stat(local)
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 class _Loaded:
     """A segment's arrays, memory-mapped where the file is local."""
 
     def __init__(self, io: FileIO, path: str) -> None:
         storage = storage_of(io)
+        local = _local(path)
+        self.identity: tuple[int, int, int] | None = None
         try:
-            if path.endswith(".arrow"):  # segments written before they were Parquet
+            if path.endswith(".arrow"):  # segments written before they were Parquet: memory-mapped
+                if local is not None:
+                    self.identity = _identity(local)
                 table = pa.ipc.open_file(storage.map(path)).read_all()
             else:
                 with storage.open(path) as f:
@@ -102,17 +125,30 @@ class _Loaded:
             self.k = _column(table, "k")
             self.f = _column(table, "f")
             self.p = _column(table, "p")
-        except (OSError, ValueError, KeyError, pa.ArrowException) as e:
-            raise CorruptFileError(
-                f"key index segment {path} is missing or unreadable ({e}); rebuild it with rebuild_index()", path
-            ) from e
+        except (OSError, pa.ArrowException, KeyError, ValueError) as e:
+            raise CorruptFileError(f"index segment {path} is missing or unreadable ({e}); run rebuild_index", path) from e
+        if self.identity is not None and _identity(local) != self.identity:
+            raise CorruptFileError(f"index segment {path} changed while being read; files in the lake are immutable", path)
+
+    def unchanged(self, path: str) -> bool:
+        """Whether the file is still the one mapped (a rewrite in place would make the mapping fault)."""
+        local = _local(path)
+        if local is None or self.identity is None:
+            return True
+        try:
+            return _identity(local) == self.identity
+        except OSError:  # deleted: the mapping of the unlinked file stays valid
+            return True
 
 
-def _load(io: FileIO, path: str) -> _Loaded:
+def _load(io: FileIO, path: str, rows: int | None = None) -> _Loaded:
+    """The segment at ``path`` (cached); ``rows``, when known, is checked against its content."""
     loaded = _SEGMENTS.get(path)
-    if loaded is None:
+    if loaded is None or not loaded.unchanged(path):
         loaded = _Loaded(io, path)
         _SEGMENTS.put(path, loaded)
+    if rows is not None and len(loaded.k) != rows:
+        raise CorruptFileError(f"index segment {path} holds {len(loaded.k)} keys, its state says {rows}; run rebuild_index", path)
     return loaded
 
 
@@ -181,7 +217,7 @@ def lookup(io: FileIO, segments: Sequence[dict], probe: np.ndarray, live: set[st
         if a >= b:
             continue
         keys, probe_order = sorted_probe[a:b], order[a:b]
-        loaded = _load(io, seg.path)
+        loaded = _load(io, seg.path, seg.rows)
         if seg.exact:  # unique keys: a hit is the one key at the insertion point
             start = _positions(loaded.k, keys, seg)
             hit = loaded.k[start] == keys  # keys lie within [min, max], so start is in range
@@ -300,7 +336,7 @@ def extend(ice: "IcebergTable", writer, new_files: Sequence[str], key_columns: S
 def rebuild(table, branch: str = "main") -> dict:
     """Replace a branch's index by one segment built from its data files (a metadata-only commit)."""
     from featurelake import refs
-    from featurelake.commit import optimistic
+    from featurelake.commit import commit, optimistic
     from featurelake.merge import snapshot_files
     from featurelake.state import STATE_KEY, StateWriter
 
@@ -316,8 +352,7 @@ def rebuild(table, branch: str = "main") -> dict:
         props = {STATE_KEY: writer.write(), "featurelake.operation": "index rebuild"}
         tx = ice.transaction()
         tx.update_snapshot(snapshot_properties=props, branch=branch).fast_append().commit()
-        new = tx.commit_transaction()
-        return {"branch": branch, "rows": seg.rows if seg else 0, "files": len(live), "snapshot_id": new.metadata.refs[branch].snapshot_id}
+        return {"branch": branch, "rows": seg.rows if seg else 0, "files": len(live), "snapshot_id": commit(tx, branch)}
 
     return optimistic(table.refresh, attempt, f"rebuild index of {table.name}@{branch}")
 

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from featurelake.table import Table
 
 DEFAULT_HOME = ".featurelake"
+SQLITE_BUSY_TIMEOUT_S = 60  # how long the embedded catalog waits for another process's write lock
 CATALOG_NAME = "featurelake"
 _NAME_PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
@@ -335,6 +336,11 @@ def _sql_catalog(uri: str, warehouse: str, **properties: str) -> Catalog:
         def _load_file_io(self, properties=EMPTY_DICT, location=None):  # type: ignore[override]
             return track(super()._load_file_io(properties, location))
 
+        def _init_catalog(self) -> None:
+            if self.engine.url.get_backend_name() == "sqlite":
+                _wait_when_busy(self.engine)
+            super()._init_catalog()
+
         def _convert_orm_to_iceberg(self, orm_table):  # type: ignore[override]
             location = orm_table.metadata_location
             metadata = parsed.get(location) if location else None
@@ -356,3 +362,16 @@ def _sql_catalog(uri: str, warehouse: str, **properties: str) -> Catalog:
         props.setdefault("pool_pre_ping", "true")
     props.update(properties)
     return CachingSqlCatalog(CATALOG_NAME, **props)
+
+
+def _wait_when_busy(engine) -> None:
+    """Make every SQLite connection wait for a lock held by another process instead of failing.
+
+    sqlite3's default is 5 s, after which a raw ``database is locked`` error
+    surfaced; a Dagster run, the webserver and a notebook share one catalog.
+    """
+    from sqlalchemy import event
+
+    @event.listens_for(engine, "connect")
+    def _busy_timeout(dbapi_connection, _record) -> None:
+        dbapi_connection.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_S * 1000}")

@@ -19,9 +19,10 @@ import pyarrow as pa
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import FileScanTask
 from pyiceberg.table import Table as IcebergTable
+from pyiceberg.table.snapshots import DELETED_DATA_FILES, Operation
 
 from featurelake import index, refs
-from featurelake.commit import cleanup_on_failure, delete_quietly, optimistic
+from featurelake.commit import cleanup_on_failure, commit, delete_quietly, optimistic
 from featurelake.errors import CorruptFileError
 from featurelake.rewrite import merged_rows, rewrite_scan, write_data_files
 from featurelake.state import STATE_KEY, StateWriter
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from featurelake.table import Table
 
 DEFAULT_TARGET_BYTES = 128 * 1024 * 1024
+COMPACT_ATTEMPTS = 40
 
 
 @dataclass
@@ -68,6 +70,56 @@ def _bins(tasks: list[FileScanTask], target: int) -> list[list[FileScanTask]]:
     return bins
 
 
+@dataclass
+class _Bin:
+    """Input files rewritten together into ``outputs`` (``keys``: the outputs' index keys)."""
+
+    inputs: list[DataFile]
+    outputs: list[DataFile]
+    keys: list[tuple[str, Any]]
+
+
+@dataclass
+class _Plan:
+    """Rewritten bins planned on snapshot ``base``, reusable on a later head that left their inputs alone."""
+
+    base: int
+    bins: list[_Bin]
+    bad: dict[str, str]
+    segment: dict | None = None  # one index segment over every bin's outputs, written for rebased commits
+
+
+def _untouched(table: "Table", ice: IcebergTable, plan: _Plan, head) -> list[_Bin]:
+    """The bins of ``plan`` whose input files no commit since ``plan.base`` removed or updated.
+
+    Returns [] when ``head`` does not descend from ``plan.base`` (the plan is then redone).
+    Kept cheap, since it runs inside the commit window: when the commits since
+    are all appends (no data file removed), only the inputs' update entries
+    are compared; otherwise the full change set is computed.
+    """
+    from featurelake.merge import change_set
+
+    meta = ice.metadata
+    base = meta.snapshot_by_id(plan.base)
+    since = []
+    for snap in refs.ancestors(meta, head):
+        if snap.snapshot_id == plan.base:
+            break
+        since.append(snap)
+    else:
+        return []
+    if base is None:
+        return []
+    inputs = {f.file_path for b in plan.bins for f in b.inputs}
+    if all(s.summary is not None and s.summary.operation == Operation.APPEND and not int(s.summary.get(DELETED_DATA_FILES) or 0) for s in since):
+        before, after = table._state(ice, base), table._state(ice, head)
+        touched = {p for p in inputs if [e.update_file for e in before.entries_for(p)] != [e.update_file for e in after.entries_for(p)]}
+    else:
+        changes = change_set(table, ice, base, head)
+        touched = set(changes.removed_files) | {e.data_file for e in changes.added_updates + changes.removed_updates}
+    return [b for b in plan.bins if not any(f.file_path in touched for f in b.inputs)]
+
+
 def compact(
     table: "Table",
     branch: str = refs.MAIN,
@@ -80,24 +132,25 @@ def compact(
 ) -> CompactionReport:
     """Rewrite files with update layers (folded) and bin-pack small files per partition.
 
-    One atomic overwrite commit. On a concurrent commit the plan is redone on
-    the new head (a concurrent append is never lost); rewritten bins whose
-    inputs did not change are reused, not rewritten again.
+    One atomic overwrite commit. When a concurrent commit lands first, the plan
+    is rebased onto the new head: bins whose input files the concurrent
+    commits did not remove or update commit as they are (the other commits'
+    new files and update files are carried over untouched), the others are
+    left for a later run. Only when no bin survives is the plan redone (bins
+    whose inputs did not change are reused, not rewritten again). So a
+    compaction finishes under steady writes, and never loses one.
     """
     from featurelake.table import SMALL_FILE_BYTES
 
     t0 = time.perf_counter()
     report = CompactionReport(table=table.name, branch=branch)
-    reuse: dict[frozenset, list[DataFile]] = {}
+    reuse: dict[frozenset, _Bin] = {}
     written: list[str] = []
     committed: set[str] = set()
+    plans: list[_Plan] = []
+    bad: dict[str, str] = {}  # input files left in place as unreadable (within max_bad_file_ratio)
 
-    def attempt(ice: IcebergTable) -> CompactionReport:
-        report.attempts += 1
-        head = refs.branch_head(ice.metadata, branch)
-        if head is None:
-            report.skipped = True
-            return report
+    def plan_on(ice: IcebergTable, head) -> _Plan | None:
         props = ice.metadata.properties
         target = target_file_bytes or int(props.get("write.target-file-size-bytes", DEFAULT_TARGET_BYTES))
         small = small_file_bytes or int(props.get("featurelake.small-file-bytes", SMALL_FILE_BYTES))
@@ -115,26 +168,21 @@ def compact(
             if picked and not (len(picked) == 1 and not folded):
                 chosen.extend(_bins(picked, target))
         if not chosen:
-            report.skipped = True
-            report.snapshot_id = head.snapshot_id
-            return report
+            return None
         budget = int(max_bad_file_ratio * len(tasks) + 1e-9)
         scan = rewrite_scan(table, ice, head)
-        bad: dict[str, str] = {}
-        writer = StateWriter(state, ice.io, table._platform_dir(ice))
-        removed: list[DataFile] = []
-        added: list[DataFile] = []
         write_uuid, counter = uuid.uuid4(), itertools.count(0)
-        stats = dict(files_in=0, bytes_in=0, folded=0, folded_bytes=0, rows=0)
+        bins: list[_Bin] = []
         for i, bin_ in enumerate(chosen):
             key = frozenset(
                 (t.file.file_path, tuple(e.update_file for e in layers.get(t.file.file_path, []))) for t in bin_
             )
             if key not in reuse:
-                parts = []
+                parts, inputs = [], []
                 for t in bin_:
                     try:
                         parts.append(merged_rows(scan, t))
+                        inputs.append(t.file)
                     except CorruptFileError as e:
                         if len(bad) >= budget:
                             raise
@@ -142,51 +190,96 @@ def compact(
                         warnings.warn(f"compaction leaves a bad file in place: {e}", stacklevel=2)
                 files = write_data_files(ice, pa.concat_tables(parts), write_uuid, counter, target_file_bytes=target) if parts else []
                 written.extend(f.file_path for f in files)
-                reuse[key] = files
-            added.extend(reuse[key])
-            for t in bin_:
-                if t.file.file_path in bad:
-                    continue
-                removed.append(t.file)
-                entries = writer.drop_data_file(t.file.file_path)
-                stats["files_in"] += 1
-                stats["bytes_in"] += t.file.file_size_in_bytes
-                stats["folded"] += len(entries)
-                stats["folded_bytes"] += sum(e.bytes for e in entries)
-                stats["rows"] += t.file.record_count
+                fresh = index.file_keys(ice, [f.file_path for f in files], table.primary_key)
+                reuse[key] = _Bin(inputs, files, fresh)
+            bins.append(reuse[key])
             if progress:
                 progress(i + 1, len(chosen))
-        removed_paths = {f.file_path for f in removed}
-        live_after = ({t.file.file_path for t in tasks} - removed_paths) | {f.file_path for f in added}
-        # Rewritten rows moved: merge the index into one segment that covers the new files too.
-        fresh = index.file_keys(ice, [f.file_path for f in added], table.primary_key)
-        writer.replace_index_segments(
-            index.merge(ice.io, index.location_of(ice), writer.index_segments, live_after, extra=fresh, exact=index.key_is_exact(ice.schema(), table.primary_key))
-        )
-        root = writer.write() if writer.changed else state.root_path
-        snapshot_props = {"featurelake.operation": "compact"}
-        if root:
-            snapshot_props[STATE_KEY] = root
-        tx = ice.transaction()
-        with tx.update_snapshot(snapshot_properties=snapshot_props, branch=branch).overwrite() as op:
-            for f in removed:
-                op.delete_data_file(f)
-            for f in added:
-                op.append_data_file(f)
-        new = tx.commit_transaction()
-        committed.update(f.file_path for f in added)
-        report.snapshot_id = new.metadata.refs[branch].snapshot_id
-        report.files_in, report.bytes_in, report.rows = stats["files_in"], stats["bytes_in"], stats["rows"]
-        report.files_out = len(added)
-        report.bytes_out = sum(f.file_size_in_bytes for f in added)
-        report.update_files_folded = stats["folded"]
-        report.update_bytes_folded = stats["folded_bytes"]
-        report.bad_files = sorted(bad)
-        return report
+        return _Plan(head.snapshot_id, bins, bad)
+
+    def attempt(ice: IcebergTable) -> CompactionReport:
+        report.attempts += 1
+        head = refs.branch_head(ice.metadata, branch)
+        if head is None:
+            report.skipped = True
+            return report
+        bins = _untouched(table, ice, plans[-1], head) if plans else []
+        if not bins:
+            plan = plan_on(ice, head)
+            if plan is None:
+                report.skipped = True
+                report.snapshot_id = head.snapshot_id
+                return report
+            plans.append(plan)
+            bins = plan.bins
+        return _commit_bins(table, ice, head, branch, bins, plans[-1], report, written, committed)
 
     with cleanup_on_failure(table._ice, written, landed=lambda: report.snapshot_id is not None):
-        optimistic(table.refresh, attempt, f"compact {table.name}@{branch}")
+        # After the first plan an attempt is a cheap rebase: many quick ones, not a long backoff.
+        optimistic(table.refresh, attempt, f"compact {table.name}@{branch}", attempts=COMPACT_ATTEMPTS, max_wait=0.25)
     report.seconds = time.perf_counter() - t0
     # Bins rewritten for an attempt that lost a race and were not reused are garbage now.
     delete_quietly(table._ice, [p for p in written if p not in committed])
+    return report
+
+
+def _commit_bins(
+    table: "Table",
+    ice: IcebergTable,
+    head,
+    branch: str,
+    bins: list[_Bin],
+    plan: _Plan,
+    report: CompactionReport,
+    written: list[str],
+    committed: set[str],
+) -> CompactionReport:
+    """Replace the bins' inputs by their outputs on ``head`` in one commit, keeping everything else of ``head``.
+
+    Files it writes go to ``written``; those the commit references, once it lands, to ``committed``.
+    """
+    from featurelake.merge import snapshot_files
+
+    state = table._state(ice, head)
+    writer = StateWriter(state, ice.io, table._platform_dir(ice))
+    removed = [f for b in bins for f in b.inputs]
+    added = [f for b in bins for f in b.outputs]
+    added_paths = [f.file_path for f in added]
+    folded = [e for f in removed for e in writer.drop_data_file(f.file_path)]
+    exact = index.key_is_exact(ice.schema(), table.primary_key)
+    if head.snapshot_id == plan.base:
+        # Rewritten rows moved: merge the index into one segment that covers the new files too.
+        live_after = (set(snapshot_files(ice, head)) - {f.file_path for f in removed}) | {f.file_path for f in added}
+        fresh = [k for b in bins for k in b.keys]
+        writer.replace_index_segments(index.merge(ice.io, index.location_of(ice), writer.index_segments, live_after, extra=fresh, exact=exact))
+    else:
+        # Rebased: keep the commit window short, add one segment for the outputs (entries of
+        # outputs of bins left out are never live, so lookups ignore them; the next merge drops them).
+        if plan.segment is None:
+            seg = index.write_segment(ice.io, index.location_of(ice), [k for b in plan.bins for k in b.keys], exact)
+            plan.segment = seg.as_dict() if seg is not None else {}
+            if seg is not None:
+                written.append(seg.path)
+        if plan.segment:
+            writer.add_index_segments([plan.segment])
+            added_paths.append(plan.segment["path"])
+    root = writer.write() if writer.changed else state.root_path
+    snapshot_props = {"featurelake.operation": "compact"}
+    if root:
+        snapshot_props[STATE_KEY] = root
+    tx = ice.transaction()
+    with tx.update_snapshot(snapshot_properties=snapshot_props, branch=branch).overwrite() as op:
+        for f in removed:
+            op.delete_data_file(f)
+        for f in added:
+            op.append_data_file(f)
+    report.snapshot_id = commit(tx, branch)
+    committed.update(added_paths)
+    report.files_in, report.bytes_in = len(removed), sum(f.file_size_in_bytes for f in removed)
+    report.rows = sum(f.record_count for f in removed)
+    report.files_out = len(added)
+    report.bytes_out = sum(f.file_size_in_bytes for f in added)
+    report.update_files_folded = len(folded)
+    report.update_bytes_folded = sum(e.bytes for e in folded)
+    report.bad_files = sorted(plan.bad)
     return report

@@ -12,19 +12,23 @@ Conflicts are detected before anything is written and reported by file and
 column: both sides updated the same column of the same data file; one side
 removed or rewrote a data file the other updated; both rewrote the same file;
 or a column the source wrote no longer exists with the same id and type.
+Both sides inserting the same primary key is a conflict too, reported with the
+keys: a merge never makes a key appear twice.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
 from featurelake import refs
-from featurelake.commit import optimistic
+from featurelake.commit import commit, commit_refs, optimistic
 from featurelake.errors import BranchNotFoundError, FeatureLakeError, MergeConflictError
 from featurelake.guard import manifest_errors
 from featurelake.state import STATE_KEY, PlatformState, StateWriter, UpdateEntry
@@ -51,7 +55,7 @@ def snapshot_files(ice: IcebergTable, snapshot: Snapshot | None) -> dict[str, Da
 MERGED_FROM = "featurelake.merged-from"
 
 
-def _history(meta, head: Snapshot) -> list[Snapshot]:
+def history(meta, head: Snapshot) -> list[Snapshot]:
     """Ancestors including merged sources (a merge snapshot's second parent), nearest first."""
     out, seen, frontier = [], set(), [head]
     while frontier:
@@ -72,8 +76,8 @@ def _history(meta, head: Snapshot) -> list[Snapshot]:
 
 def fork_point(meta, a: Snapshot, b: Snapshot) -> Snapshot | None:
     """The nearest common ancestor of two snapshots, following merges."""
-    seen = {s.snapshot_id for s in _history(meta, b)}
-    for s in _history(meta, a):
+    seen = {s.snapshot_id for s in history(meta, b)}
+    for s in history(meta, a):
         if s.snapshot_id in seen:
             return s
     return None
@@ -166,6 +170,41 @@ def _raise_conflicts(source: str, into: str, conflicts: list[tuple[str, str, str
     raise MergeConflictError(f"cannot merge {source!r} into {into!r}: {shown}{more}", conflicts)
 
 
+def _refuse_duplicate_keys(table: "Table", ice: IcebergTable, target_head: Snapshot, changes: ChangeSet, source: str, into: str) -> None:
+    """Raise MergeConflictError if ``changes`` would add rows whose keys are live at ``target_head``.
+
+    Rows of files the change set removes do not count (they go away). Both
+    sides of a merge are duplicate-free, so this finds every key the result
+    would hold twice.
+    """
+    from featurelake.index import read_key_columns
+    from featurelake.keys import find, found_keys
+    from featurelake.schema import LOCATOR_FILE
+
+    target_files = snapshot_files(ice, target_head)
+    added = [p for p in changes.added_files if p not in target_files]
+    if not added:
+        return
+    keys = table.primary_key
+    key_table = pa.concat_tables([read_key_columns(ice, p, keys) for p in added])
+    hits = find(table, ice, target_head, key_table)
+    if changes.removed_files:
+        going = pa.array(list(changes.removed_files), pa.string())
+        hits = hits.filter(pc.invert(pc.is_in(hits.column(LOCATOR_FILE).cast(pa.string()), value_set=going)))
+    if not hits.num_rows:
+        return
+    found = found_keys(hits, key_table, keys).slice(0, 5).to_pylist()
+    examples = [r[keys[0]] if len(keys) == 1 else tuple(r[k] for k in keys) for r in found]
+    files = hits.column(LOCATOR_FILE).cast(pa.string()).to_pylist()
+    conflicts = [(f, ",".join(keys), f"both sides inserted key {k!r}") for f, k in zip(files, examples)]
+    raise MergeConflictError(
+        f"cannot merge {source!r} into {into!r}: both sides inserted {hits.num_rows} primary key(s) "
+        f"since they forked, e.g. {examples}; update or delete them on one side first",
+        conflicts,
+        keys=examples,
+    )
+
+
 def _replay(
     table: "Table",
     ice: IcebergTable,
@@ -215,7 +254,7 @@ def _replay(
             op.delete_data_file(f)
         for f in added:
             op.append_data_file(f)
-    return tx.commit_transaction().metadata.refs[branch].snapshot_id
+    return commit(tx, branch)
 
 
 def _heads(ice: IcebergTable, source: str | int, into: str) -> tuple[Snapshot, Snapshot, Snapshot]:
@@ -237,7 +276,7 @@ def merge(table: "Table", source: str | int, into: str = refs.MAIN) -> int:
         if base.snapshot_id == src.snapshot_id:
             return tgt.snapshot_id  # already merged
         if base.snapshot_id == tgt.snapshot_id:
-            ice.manage_snapshots().create_branch(src.snapshot_id, into).commit()  # fast-forward
+            commit_refs(ice, lambda ms: ms.create_branch(src.snapshot_id, into))  # fast-forward
             return src.snapshot_id
         src_changes = change_set(table, ice, base, src)
         tgt_changes = change_set(table, ice, base, tgt)
@@ -245,6 +284,7 @@ def merge(table: "Table", source: str | int, into: str = refs.MAIN) -> int:
         conflicts = find_conflicts(ice, src_changes, tgt_changes, src_schema or ice.metadata.schema())
         if conflicts:
             _raise_conflicts(str(source), into, conflicts)
+        _refuse_duplicate_keys(table, ice, tgt, src_changes, str(source), into)
         return _replay(table, ice, tgt, src_changes, into, f"merge {source}", merged_from=src.snapshot_id, index_from=src)
 
     return optimistic(table.refresh, attempt, f"merge {source} into {table.name}@{into}")
@@ -262,7 +302,7 @@ def rebase(table: "Table", branch: str, onto: str = refs.MAIN) -> int:
         if base.snapshot_id == src.snapshot_id:
             return head.snapshot_id  # onto has nothing new
         if base.snapshot_id == head.snapshot_id:
-            ice.manage_snapshots().create_branch(src.snapshot_id, branch).commit()  # fast-forward
+            commit_refs(ice, lambda ms: ms.create_branch(src.snapshot_id, branch))  # fast-forward
             return src.snapshot_id
         mine = change_set(table, ice, base, head)
         theirs = change_set(table, ice, base, src)
@@ -270,6 +310,7 @@ def rebase(table: "Table", branch: str, onto: str = refs.MAIN) -> int:
         conflicts = find_conflicts(ice, mine, theirs, head_schema or ice.metadata.schema())
         if conflicts:
             _raise_conflicts(branch, str(onto), conflicts)
+        _refuse_duplicate_keys(table, ice, src, mine, branch, str(onto))
         tx = ice.transaction()
         ManageSnapshots(tx).create_branch(src.snapshot_id, branch).commit()
         return _replay(table, ice, src, mine, branch, f"rebase onto {onto}", tx=tx, index_from=head)

@@ -7,6 +7,12 @@ dropped, a delete's files restored with their updates, a compaction undone).
 If a later snapshot built on what is being undone (updated rows the append
 added, compacted the update files being dropped, re-added a restored key) the
 revert is refused with an error naming that snapshot.
+
+When the parent of the snapshot was expired, its change set cannot be taken
+as a difference of two snapshots. An append, backfill or upsert only adds, so
+what it added is still known from the snapshot alone (manifest entries it
+added, update files it wrote); any other operation is refused with
+HistoryExpiredError rather than guessed.
 """
 from __future__ import annotations
 
@@ -14,11 +20,13 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyiceberg.manifest import ManifestEntryStatus
 from pyiceberg.table import Table as IcebergTable
+from pyiceberg.table.snapshots import Snapshot
 
 from featurelake import refs
 from featurelake.commit import optimistic
-from featurelake.errors import BranchNotFoundError, DuplicateKeyError, FeatureLakeError
+from featurelake.errors import BranchNotFoundError, DuplicateKeyError, FeatureLakeError, HistoryExpiredError
 from featurelake.keys import find, found_keys
 from featurelake.schema import LOCATOR_FILE
 from featurelake.merge import ChangeSet, _replay, change_set
@@ -64,6 +72,37 @@ def _depends(undo: ChangeSet, later: ChangeSet) -> str | None:
     return None
 
 
+ADDITIVE_OPERATIONS = ("append", "backfill", "upsert")
+
+
+def _own_changes(table: "Table", ice: IcebergTable, target: Snapshot) -> ChangeSet:
+    """What an additive snapshot added, read from the snapshot alone (its parent is gone)."""
+    summary = target.summary.additional_properties if target.summary else {}
+    operation = summary.get("featurelake.operation")
+    if operation not in ADDITIVE_OPERATIONS:
+        raise HistoryExpiredError(
+            f"cannot revert {target.snapshot_id} ({operation or 'a foreign commit'}): its parent snapshot "
+            f"{target.parent_snapshot_id} was expired, and only an {', '.join(ADDITIVE_OPERATIONS)} can be "
+            "reverted without it"
+        )
+    added = {}
+    for manifest in target.manifests(ice.io):
+        for entry in manifest.fetch_manifest_entry(ice.io, discard_deleted=False):
+            if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == target.snapshot_id:
+                added[entry.data_file.file_path] = entry.data_file
+    updates = sorted((e for e in table._state(ice, target).entries() if e.snapshot_id == target.snapshot_id), key=lambda e: e.seq)
+    return ChangeSet(added_files=added, added_updates=updates)
+
+
+def _had_parent(snapshot: Snapshot) -> bool:
+    """Whether the snapshot had a parent (expiry may have removed it and, in pyiceberg, its id).
+
+    Only a table's very first snapshot has sequence number 1; featurelake never
+    makes another parentless snapshot.
+    """
+    return snapshot.parent_snapshot_id is not None or (snapshot.sequence_number or 0) > 1
+
+
 def revert(table: "Table", snapshot_id: int, branch: str = refs.MAIN) -> int:
     """Undo snapshot ``snapshot_id``'s operation on ``branch`` in a new snapshot."""
 
@@ -77,7 +116,10 @@ def revert(table: "Table", snapshot_id: int, branch: str = refs.MAIN) -> int:
         if target.snapshot_id not in {s.snapshot_id for s in chain}:
             raise BranchNotFoundError(f"snapshot {snapshot_id} is not in the history of {branch!r}")
         parent = meta.snapshot_by_id(target.parent_snapshot_id) if target.parent_snapshot_id is not None else None
-        undo = _inverse(change_set(table, ice, parent, target))
+        if parent is None and _had_parent(target):  # expired
+            undo = _inverse(_own_changes(table, ice, target))
+        else:
+            undo = _inverse(change_set(table, ice, parent, target))
         if undo.empty:
             raise FeatureLakeError(f"snapshot {snapshot_id} changed no data or update file: nothing to revert")
         # What later snapshots did, net (a later write already reverted does not count),

@@ -19,7 +19,7 @@ from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
 from featurelake import refs
-from featurelake.commit import cleanup_on_failure, optimistic
+from featurelake.commit import cleanup_on_failure, commit, optimistic
 from featurelake.errors import DuplicateKeyError, InvalidArgumentError, SchemaMismatchError
 from featurelake.guard import storage_errors, track
 from featurelake import index
@@ -257,7 +257,7 @@ class Table:
                         op.delete_data_file(f)
                     for f in removal.added + files:
                         op.append_data_file(f)
-            snapshot_id = tx.commit_transaction().metadata.refs[branch].snapshot_id
+            snapshot_id = commit(tx, branch)
             landed.append(snapshot_id)
             return snapshot_id
 

@@ -25,7 +25,7 @@ from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
 from featurelake import refs
-from featurelake.commit import cleanup_on_failure, delete_quietly, optimistic
+from featurelake.commit import cleanup_on_failure, commit, delete_quietly, optimistic
 from featurelake.errors import (
     DuplicateKeyError,
     InvalidArgumentError,
@@ -348,8 +348,7 @@ def apply_column_updates(
         )
         writer.write(root_path)
         producer.commit()
-        new_ice = tx.commit_transaction()
-        report.snapshot_id = new_ice.metadata.refs[branch].snapshot_id
+        report.snapshot_id = commit(tx, branch)
         report.rows_updated = rows.num_rows
         report.data_files_touched = report.update_files = files
         report.bytes_written = total_bytes

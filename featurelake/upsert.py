@@ -24,7 +24,7 @@ import pyarrow as pa
 from pyiceberg.table import Table as IcebergTable
 
 from featurelake import index, refs
-from featurelake.commit import cleanup_on_failure, delete_quietly, optimistic
+from featurelake.commit import cleanup_on_failure, commit, delete_quietly, optimistic
 from featurelake.errors import SchemaMismatchError
 from featurelake.keys import ROW, check_keys, conform_keys, find
 from featurelake.merge import snapshot_files
@@ -110,8 +110,7 @@ def upsert(table: "Table", data: Any, branch: str = refs.MAIN) -> UpdateReport:
             index.extend(ice, writer, [f.file_path for f in data_files], keys, live_after)
         writer.write(root_path)
         producer.commit()
-        new_ice = tx.commit_transaction()
-        report.snapshot_id = new_ice.metadata.refs[branch].snapshot_id
+        report.snapshot_id = commit(tx, branch)
         report.rows_updated = int(is_existing.sum())
         report.rows_inserted = inserts.num_rows
         report.update_files = report.data_files_touched = update_files

@@ -177,10 +177,10 @@ def test_soft_delete_restore_and_purge(table):
 def test_gc_keeps_referenced_and_young_files_and_reclaims_dropped_branches(lake, table):
     data = impressions_table(600, days=2, seed=7)
     table.append(data)
+    table.backfill(pa.table({KEY: data[KEY].slice(0, 5), "click": pa.array([1] * 5, pa.int32())}))
+    table.compact()  # what it replaced is garbage once expired (main's history since exp forked is kept)
     table.create_branch("exp")
     table.backfill(pa.table({KEY: data[KEY], "cand": pc.multiply(data["f0"], 3.0)}), branch="exp")
-    table.backfill(pa.table({KEY: data[KEY].slice(0, 5), "click": pa.array([1] * 5, pa.int32())}))
-    table.compact()
     main_rows, exp_rows = sorted_rows(table.read()), sorted_rows(table.read(branch="exp"))
     table.expire_snapshots(datetime.now(timezone.utc) + FUTURE)
     young = lake.collect_garbage()  # default grace: 3 days, everything is young
