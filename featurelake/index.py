@@ -113,9 +113,9 @@ class _Loaded:
         local = _local(path)
         self.identity: tuple[int, int, int] | None = None
         try:
+            if local is not None:
+                self.identity = _identity(local)
             if path.endswith(".arrow"):  # segments written before they were Parquet: memory-mapped
-                if local is not None:
-                    self.identity = _identity(local)
                 table = pa.ipc.open_file(storage.map(path)).read_all()
             else:
                 with storage.open(path) as f:
