@@ -28,7 +28,7 @@ from featurelake.keys import check_keys, find, found_keys
 from featurelake.merge import snapshot_files
 from featurelake.rewrite import Removal, plan_removal, write_data_files
 from featurelake.read import DEFAULT_BATCH, Scan, parse_filter
-from featurelake.schema import arrow_schema, conform, to_table
+from featurelake.schema import arrow_schema, conform, is_arrow_stream, to_table
 from featurelake.schema import LOCATOR_FILE
 from featurelake.state import STATE_KEY, PlatformState, StateWriter, state_of
 
@@ -156,6 +156,36 @@ class Table:
 
             result = join_sequences(result, sequences, drop=extra)
         return result
+
+    def to_pandas(
+        self,
+        columns: Sequence[str] | None = None,
+        filter: str | BooleanExpression | None = None,
+        branch: str = MAIN,
+        snapshot_id: int | None = None,
+        with_locator: bool = False,
+        max_bad_file_ratio: float = 0.0,
+        sequences: dict[str, Any] | None = None,
+    ):
+        """``read(...)`` as a pandas DataFrame (same arguments, update files merged in)."""
+        return self.read(columns, filter, branch, snapshot_id, with_locator, max_bad_file_ratio, sequences).to_pandas()
+
+    def to_polars(
+        self,
+        columns: Sequence[str] | None = None,
+        filter: str | BooleanExpression | None = None,
+        branch: str = MAIN,
+        snapshot_id: int | None = None,
+        with_locator: bool = False,
+        max_bad_file_ratio: float = 0.0,
+        sequences: dict[str, Any] | None = None,
+    ):
+        """``read(...)`` as a polars DataFrame (same arguments); polars is imported only here."""
+        try:
+            import polars as pl
+        except ImportError as e:
+            raise InvalidArgumentError("to_polars needs polars: pip install polars") from e
+        return pl.from_arrow(self.read(columns, filter, branch, snapshot_id, with_locator, max_bad_file_ratio, sequences))
 
     def batches(
         self,
@@ -495,6 +525,8 @@ def _chunks(data: Any, rows: int = CHUNK_ROWS) -> Iterator[pa.Table]:
     """Input as tables of at most about ``rows`` rows."""
     if isinstance(data, pa.RecordBatchReader):
         data = iter(data)
+    elif is_arrow_stream(data):  # DuckDB results, Arrow streams of other libraries: streamed
+        data = iter(pa.RecordBatchReader.from_stream(data))
     if isinstance(data, (pa.Table, pa.RecordBatch)) or type(data).__name__ == "DataFrame":
         yield to_table(data)
         return

@@ -101,7 +101,7 @@ def _split_input(table: "Table", data: pa.Table) -> tuple[bool, list[str]]:
     return by_locator, values
 
 
-def _check_types(table_schema: pa.Schema, data: pa.Table, columns: list[str]) -> list[str]:
+def _check_types(table_schema: pa.Schema, data: pa.Table, columns: list[str], operation: str = "backfill") -> list[str]:
     """The columns that are new; raise for existing columns of incompatible type."""
     new, wrong = [], []
     for c in columns:
@@ -113,7 +113,7 @@ def _check_types(table_schema: pa.Schema, data: pa.Table, columns: list[str]) ->
         elif not _castable(data.schema.field(c).type, table_schema.field(c).type):
             wrong.append(f"column {c!r} is {table_schema.field(c).type}, input has {data.schema.field(c).type}")
     if wrong:
-        raise SchemaMismatchError("backfill input does not fit: " + "; ".join(wrong), [w.split("'")[1] for w in wrong])
+        raise SchemaMismatchError(f"{operation} input does not fit: " + "; ".join(wrong), [w.split("'")[1] for w in wrong])
     return new
 
 

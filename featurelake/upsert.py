@@ -71,7 +71,7 @@ def upsert(table: "Table", data: Any, branch: str = refs.MAIN) -> UpdateReport:
         schema = ice.schema()
         current = arrow_schema(schema, field_ids=False)
         value_columns = [c for c in data.column_names if c not in keys]
-        new_columns = _check_types(current, data, value_columns)
+        new_columns = _check_types(current, data, value_columns, "upsert")
         values = fit_values(current, data, value_columns, new_columns, refuse_required_nulls=False)
         found = find(table, ice, head, values.select(keys)) if head is not None else None
         is_existing = np.zeros(values.num_rows, dtype=bool)
