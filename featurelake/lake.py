@@ -215,6 +215,17 @@ class Lake:
         except NoSuchTableError as e:
             raise TableNotFoundError(f"no table {name!r} in the lake") from e
 
+    def sql(self, query: str, branch: str = "main") -> pa.Table:
+        """Run a SQL query (DuckDB) over lake tables read with their update files merged.
+
+        Name tables ``ns.table`` (at ``branch``) or ``"ns.table@ref"`` (a branch,
+        tag or snapshot id). The one correct way to query un-compacted tables
+        with SQL: other engines miss the update files. See :mod:`featurelake.sql`.
+        """
+        from featurelake.sql import sql
+
+        return sql(self, query, branch)
+
     @storage_errors("collect garbage")
     def collect_garbage(self, older_than: timedelta = timedelta(days=3), dry_run: bool = False):
         """Delete files no retained snapshot of any branch or tag references.

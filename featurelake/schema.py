@@ -29,6 +29,14 @@ from pyiceberg.types import StringType
 
 from featurelake.errors import InvalidArgumentError, InvalidNameError, NullKeyError, SchemaMismatchError
 
+# Tells other engines (and people reading metadata) that column updates live in update files
+MERGE_ON_READ_PROPERTY = "featurelake.merge-on-read"
+EXTERNAL_READERS_NOTE_PROPERTY = "featurelake.external-readers"
+EXTERNAL_READERS_NOTE = (
+    "column updates are merge-on-read update files that Iceberg readers do not see: until compact, "
+    "read with featurelake (Table.read, Lake.sql, featurelake sql); snapshot summaries count "
+    "featurelake.pending-update-files"
+)
 LOCATOR_FILE = "_file"
 LOCATOR_POS = "_pos"
 RESERVED_PREFIX = "_"
@@ -159,6 +167,8 @@ def table_properties(schema: Schema, primary_key: Sequence[str], spec: Partition
         "commit.retry.num-retries": "10",
         "write.parquet.compression-codec": "zstd",
         "featurelake.primary-key": ",".join(primary_key),
+        MERGE_ON_READ_PROPERTY: "true",
+        EXTERNAL_READERS_NOTE_PROPERTY: EXTERNAL_READERS_NOTE,
     }
     stat_columns = list(primary_key) + [schema.find_column_name(f.source_id) for f in spec.fields]
     for col in dict.fromkeys(stat_columns):
@@ -183,6 +193,9 @@ def check_user_properties(properties: dict[str, str]) -> dict[str, str]:
     reserved = [k for k in properties if k in RESERVED_PROPERTIES]
     if reserved:
         raise InvalidArgumentError(f"table properties {reserved} are set by featurelake (use primary_key=...)")
+    from featurelake.health import staleness_policy
+
+    staleness_policy(properties)  # a bad external-reader policy fails here, not in the sensor
     version = properties.get("format-version", FORMAT_VERSION)
     if version != FORMAT_VERSION:
         raise InvalidArgumentError(f"featurelake tables are Iceberg format version 2, not {version!r}")

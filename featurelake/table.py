@@ -30,7 +30,7 @@ from featurelake.rewrite import Removal, plan_removal, write_data_files
 from featurelake.read import DEFAULT_BATCH, Scan, parse_filter
 from featurelake.schema import arrow_schema, conform, is_arrow_stream, to_table
 from featurelake.schema import LOCATOR_FILE
-from featurelake.state import STATE_KEY, PlatformState, StateWriter, state_of
+from featurelake.state import PlatformState, StateWriter, state_of, summary_props
 
 if TYPE_CHECKING:
     from featurelake.lake import Lake
@@ -86,7 +86,7 @@ class Table:
         """Snapshot summary carrying the platform state forward (new root, or the inherited one)."""
         if root is None:
             root = self._state(ice, head).root_path
-        return {STATE_KEY: root} if root else {}
+        return summary_props(ice.io, root)
 
     def _platform_dir(self, ice: IcebergTable) -> str:
         return f"{ice.location().rstrip('/')}/metadata/featurelake"
@@ -492,6 +492,9 @@ class Table:
             "bytes": data_bytes + update_bytes,
             "snapshots": sum(1 for _ in refs.ancestors(ice.metadata, snapshot)),
             "columns": len(ice.schema().fields),
+            # what engines reading the Iceberg metadata directly get: final only without pending update files
+            "metadata_location": ice.metadata_location,
+            "final_for_external_readers": not any(layers.values()),
             **(self._storage(branch) if snapshot_id is None and snapshot is not None else {}),
         }
 

@@ -50,7 +50,7 @@ from featurelake.schema import (
     stored_type,
     to_table,
 )
-from featurelake.state import STATE_KEY, StateWriter, UpdateEntry
+from featurelake.state import STATE_KEY, StateWriter, UpdateEntry, summary_props
 
 if TYPE_CHECKING:
     from featurelake.table import Table
@@ -346,6 +346,7 @@ def apply_column_updates(
             table, ice, head, writer, producer.snapshot_id, rows, columns, tx.table_metadata.schema(), written, groups
         )
         writer.write(root_path)
+        props.update(summary_props(ice.io, root_path))  # the producer reads its summary at commit
         producer.commit()
         new_ice = tx.commit_transaction()
         report.snapshot_id = new_ice.metadata.refs[branch].snapshot_id
