@@ -208,8 +208,12 @@ def plan_compactions(
     tables: Optional[Iterable[str]] = None,
     branches: Optional[Iterable[str]] = None,
     in_flight: Callable[[str], bool] = lambda key: False,
+    now=None,
 ) -> CompactionPlan:
-    """Which table branches need compaction now (the sensor's logic, without Dagster)."""
+    """Which table branches need compaction now (the sensor's logic, without Dagster).
+
+    ``now`` (a datetime, default the clock) is when staleness time bounds are judged.
+    """
     from pyiceberg.table.refs import SnapshotRefType
 
     from featurelake.health import staleness_of, staleness_policy, table_health
@@ -256,7 +260,7 @@ def plan_compactions(
             seen[key] = head
             reasons = thresholds.reasons(health)
             if policy is not None:
-                health["staleness"] = staleness_of(health, policy)
+                health["staleness"] = staleness_of(health, policy, now)
                 reasons += health["staleness"]["violations"]
             if reasons:
                 plan.requests.append(CompactionRequest(name, branch, head, reasons, health))
