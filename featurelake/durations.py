@@ -15,7 +15,9 @@ _DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smhdw])\s*", re.IGNORECASE
 
 
 def parse_duration(text: str, what: str = "duration") -> timedelta:
-    """``"7d"`` -> 7 days; a number with one unit s, m, h, d or w (InvalidArgumentError otherwise)."""
+    """``"7d"`` -> 7 days; a number with one unit s, m, h, d or w, or ``0`` (InvalidArgumentError otherwise)."""
+    if str(text).strip() == "0":
+        return timedelta(0)
     m = _DURATION.fullmatch(str(text))
     if not m:
         raise InvalidArgumentError(

@@ -17,7 +17,7 @@ import pyarrow as pa
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
 
-from featurelake.errors import InvalidNameError, TableExistsError, TableNotFoundError
+from featurelake.errors import InvalidNameError, LakeNotFoundError, TableExistsError, TableNotFoundError
 from featurelake.guard import delete_quietly_io, recording, storage_errors, track
 from featurelake.schema import (
     build_partition_spec,
@@ -30,7 +30,7 @@ from featurelake.schema import (
 if TYPE_CHECKING:
     from featurelake.table import Table
 
-DEFAULT_HOME = ".featurelake"
+from featurelake.home import CATALOG_FILE, DEFAULT_HOME, WAREHOUSE_DIR, lake_exists
 CATALOG_NAME = "featurelake"
 _NAME_PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
@@ -48,20 +48,25 @@ class Lake:
     """A featurelake lake: a catalog of Iceberg tables and sequence tables.
 
     ``Lake(home)`` opens (creating on first use) the embedded lake under
-    ``home``. ``Lake.from_env()`` follows the deployment's environment.
+    ``home``; with ``create=False`` a missing lake is a LakeNotFoundError and
+    nothing is created. ``Lake.from_env()`` follows the deployment's environment.
     """
 
-    def __init__(self, home: str | os.PathLike | None = None, *, catalog: Catalog | None = None) -> None:
+    def __init__(
+        self, home: str | os.PathLike | None = None, *, catalog: Catalog | None = None, create: bool = True
+    ) -> None:
         if catalog is not None:
             self.home: Path | None = Path(home).resolve() if home is not None else None
             self.catalog = catalog
             return
         home = Path(home if home is not None else os.environ.get("FEATURELAKE_HOME", DEFAULT_HOME)).resolve()
-        warehouse = home / "warehouse"
+        if not create and not lake_exists(home):
+            raise LakeNotFoundError(f"no lake exists at {home} (no {CATALOG_FILE} there); nothing was created")
+        warehouse = home / WAREHOUSE_DIR
         with storage_errors(f"open the lake at {home}"):
             warehouse.mkdir(parents=True, exist_ok=True)
             self.home = home
-            self.catalog = _sql_catalog(f"sqlite:///{home / 'catalog.db'}", warehouse.as_uri())
+            self.catalog = _sql_catalog(f"sqlite:///{home / CATALOG_FILE}", warehouse.as_uri())
 
     @classmethod
     def from_env(cls) -> "Lake":

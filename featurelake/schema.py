@@ -27,6 +27,7 @@ from pyiceberg.transforms import (
 )
 from pyiceberg.types import StringType
 
+from featurelake import _compat  # noqa: F401  (patches pyiceberg before any data passes through it)
 from featurelake.errors import InvalidArgumentError, InvalidNameError, NullKeyError, SchemaMismatchError
 
 # Tells other engines (and people reading metadata) that column updates live in update files
