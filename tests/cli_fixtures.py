@@ -46,12 +46,9 @@ def ok(result) -> str:
 
 
 def failed(result) -> str:
-    """A clean failure: exit 1, one error message on stderr (whole, wrapped to the width), no traceback.
-
-    Returns the message unwrapped (rich keeps the space at each wrap, so the lines join back as written).
-    """
+    """A clean failure: exit 1, one red line on stderr, no traceback."""
     assert result.exit_code == 1, (result.exit_code, result.output, result.exception)
     assert "Traceback" not in result.output
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert lines and lines[0].startswith("Error") and not any(x.startswith("Error") for x in lines[1:]), result.stderr
-    return "".join(lines)
+    assert len(lines) == 1 and lines[0].startswith("Error"), result.stderr
+    return lines[0]

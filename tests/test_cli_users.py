@@ -37,16 +37,19 @@ def test_read_limit_keeps_the_engine_batch_size(home, monkeypatch):
     assert seen and all(b is None or b >= 65_536 for b in seen)  # None: the engine's default (64 Ki rows)
 
 
-def test_version_imports_nothing_heavy():
-    code = (
-        "import sys; sys.argv = ['featurelake', '--version']\n"
-        "from featurelake.cli import main\n"
-        "try:\n    main()\nexcept SystemExit:\n    pass\n"
-        "print(sorted(m for m in ('pyiceberg', 'pyarrow', 'dagster', 'pandas', 'duckdb') if m in sys.modules))"
-    )
-    env = dict(os.environ, PYTHONPATH=os.getcwd())
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
-    assert out.splitlines() == ["featurelake 0.1.0", "[]"]
+def test_version_and_help_import_nothing_heavy():
+    for flag in ("--version", "--help"):
+        code = (
+            f"import sys; sys.argv = ['featurelake', {flag!r}]\n"
+            "from featurelake.cli import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('pyiceberg', 'pyarrow', 'dagster', 'pandas', 'duckdb') if m in sys.modules))"
+        )
+        env = dict(os.environ, PYTHONPATH=os.getcwd())
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+        assert out.splitlines()[-1] == "[]"
+        if flag == "--version":
+            assert out.splitlines()[0] == "featurelake 0.1.0"
 
 
 def test_flags_are_flags_in_help(home):

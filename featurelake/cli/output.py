@@ -65,10 +65,11 @@ def _error_type(e: BaseException) -> str:
 
 
 def _print_error(e: BaseException) -> None:
-    """The error in red on stderr, whole, wrapped at the terminal width."""
+    """The error in red on stderr, whole: wrapped at a terminal's width, one line when piped (logs, grep)."""
     label = _error_type(e)
     _err().print(
-        Text.assemble((f"Error ({label}): " if label != "error" else "Error: ", "bold red"), (_error_message(e), "red"))
+        Text.assemble((f"Error ({label}): " if label != "error" else "Error: ", "bold red"), (_error_message(e), "red")),
+        soft_wrap=not _stderr_is_terminal(),
     )
 
 
