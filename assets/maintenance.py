@@ -146,7 +146,7 @@ def compaction(
     context: AssetExecutionContext, config: CompactionConfig, lake: LakeResource
 ) -> MaterializeResult:
     from featurelake.errors import BranchNotFoundError
-    from featurelake.health import table_health
+    from featurelake.health import staleness_of, staleness_policy, table_health
 
     name, branch = parse_target(context.partition_key)
     lk = lake.lake()
@@ -169,6 +169,8 @@ def compaction(
         progress=progress,
     )
     after = table_health(table, branch)
+    policy = staleness_policy(table._ice.metadata.properties)
+    stale_before, stale_after = staleness_of(before, policy), staleness_of(after, policy)
     if report.skipped:
         context.log.info(f"{name}@{branch}: nothing to compact (snapshot {report.snapshot_id})")
     else:
@@ -197,6 +199,10 @@ def compaction(
             "dagster/row_count": MetadataValue.int(int(after.get("rows") or 0)),
             "attempts": MetadataValue.int(int(report.attempts)),
             "bad_files": MetadataValue.int(len(report.bad_files)),
+            # what engines reading the Iceberg metadata directly saw, and see now
+            "stale_seconds_before": MetadataValue.float(float(stale_before["stale_seconds"])),
+            "staleness_violations_before": MetadataValue.text("; ".join(stale_before["violations"]) or "none"),
+            "final_for_external_readers": MetadataValue.bool(stale_after["final_for_external_readers"]),
             "snapshot_before": _text_id(before.get("snapshot_id")),
             "snapshot_after": _text_id(after.get("snapshot_id")),
             "seconds": MetadataValue.float(round(float(report.seconds), 4)),

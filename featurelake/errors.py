@@ -56,6 +56,10 @@ class TableNotFoundError(FeatureLakeError):
     """No table of that name exists in the catalog."""
 
 
+class LakeNotFoundError(FeatureLakeError):
+    """No lake exists at the home folder given (and the operation would not create one)."""
+
+
 class TableExistsError(FeatureLakeError):
     """A table of that name already exists."""
 
@@ -144,6 +148,7 @@ __all__ = [
     "BranchNotFoundError",
     "TableNotFoundError",
     "TableExistsError",
+    "LakeNotFoundError",
     "InvalidNameError",
     "InvalidArgumentError",
     "StorageError",

@@ -117,6 +117,7 @@ class _StateCounts:
     update_bytes: int
     max_update_layers: int
     files_with_updates: int
+    oldest_update_ms: int | None = None  # commit time of the oldest live update file
 
 
 _MANIFESTS = _LRU(8192)  # (manifest path, small bytes) -> _ManifestCounts
@@ -166,16 +167,28 @@ def _state_counts(ice: IcebergTable, snapshot: Snapshot) -> tuple[_StateCounts, 
         return _StateCounts(0, 0, 0, 0), state.root_path
     cached = _STATES.get(state.root_path)
     if cached is None:
-        layers = [len(entries) for entries in state.by_data_file().values()]
+        entries = state.by_data_file().values()
+        layers = [len(es) for es in entries]
         cached = _StateCounts(
             update_files=state.update_files,  # the root's per-shard totals
             update_bytes=state.update_bytes,
             max_update_layers=max(layers, default=0),
             files_with_updates=sum(1 for n in layers if n),
+            oldest_update_ms=_oldest_commit_ms(ice, {e.snapshot_id for es in entries for e in es}),
         )
         _read_counters["states"] += 1
         _STATES.put(state.root_path, cached)
     return cached, state.root_path
+
+
+def _oldest_commit_ms(ice: IcebergTable, snapshot_ids: set[int]) -> int | None:
+    """When the oldest of these snapshots was committed; an expired one counts as at least as old
+    as the oldest snapshot still in the metadata."""
+    stamps = {s.snapshot_id: s.timestamp_ms for s in ice.metadata.snapshots}
+    known = [stamps[i] for i in snapshot_ids if i in stamps]
+    if len(known) < len(snapshot_ids) and stamps:
+        known.append(min(stamps.values()))
+    return min(known, default=None)
 
 
 def _summary_int(snapshot: Snapshot, key: str) -> int | None:
@@ -228,6 +241,7 @@ def snapshot_health(
         "update_bytes": state.update_bytes,
         "max_update_layers": state.max_update_layers,
         "files_with_updates": state.files_with_updates,
+        "oldest_update_ms": state.oldest_update_ms,
         "small_file_bytes": small_bytes,
         "state_root": root,
         "manifests_read": not skip,
@@ -269,6 +283,7 @@ def _empty(small_bytes: int) -> dict[str, Any]:
         "update_bytes": 0,
         "max_update_layers": 0,
         "files_with_updates": 0,
+        "oldest_update_ms": None,
         "small_file_bytes": small_bytes,
         "state_root": None,
         "manifests_read": False,
@@ -337,6 +352,90 @@ def lake_health(
     return out
 
 
+# ---------------------------------------------------------------- external readers
+MAX_PENDING_LAYERS_PROPERTY = "external-readers.max-pending-layers"
+MAX_STALENESS_PROPERTY = "external-readers.max-staleness"
+
+
+@dataclass(frozen=True)
+class StalenessPolicy:
+    """How stale a table may look to engines that ignore update files (table properties).
+
+    ``external-readers.max-pending-layers=N``: at most N update files stacked on
+    any data file (0: external readers must always see final values).
+    ``external-readers.max-staleness=12h``: no update may stay pending longer.
+    Unset: no bound. The compaction sensor requests compaction on a violation.
+    """
+
+    max_pending_layers: int | None = None
+    max_staleness: timedelta | None = None
+
+    @property
+    def bounded(self) -> bool:
+        return self.max_pending_layers is not None or self.max_staleness is not None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "max_pending_layers": self.max_pending_layers,
+            "max_staleness_seconds": self.max_staleness.total_seconds() if self.max_staleness else None,
+        }
+
+
+def staleness_policy(properties: dict[str, str]) -> StalenessPolicy:
+    """The policy set in a table's properties; InvalidArgumentError for a value it cannot use."""
+    from featurelake.durations import parse_duration
+    from featurelake.errors import InvalidArgumentError
+
+    layers = properties.get(MAX_PENDING_LAYERS_PROPERTY)
+    age = properties.get(MAX_STALENESS_PROPERTY)
+    if layers is not None and not (layers.strip().isdigit()):
+        raise InvalidArgumentError(f"{MAX_PENDING_LAYERS_PROPERTY} must be a whole number >= 0, not {layers!r}")
+    return StalenessPolicy(
+        max_pending_layers=int(layers) if layers is not None else None,
+        max_staleness=parse_duration(age, MAX_STALENESS_PROPERTY) if age is not None else None,
+    )
+
+
+def staleness_of(health: dict[str, Any], policy: StalenessPolicy, now: datetime | None = None) -> dict[str, Any]:
+    """How stale a branch head looks to external readers, and which policy bounds it breaks.
+
+    ``health`` is a :func:`snapshot_health` / :func:`table_health` result (no file is read here).
+    """
+    files = int(health.get("update_files") or 0)
+    layers = int(health.get("max_update_layers") or 0)
+    oldest = health.get("oldest_update_ms") if files else None
+    now_ms = (now or datetime.now(timezone.utc)).timestamp() * 1000
+    stale_s = max(0.0, (now_ms - oldest) / 1000) if oldest is not None else 0.0
+    violations = []
+    if policy.max_pending_layers is not None and layers > policy.max_pending_layers:
+        violations.append(f"pending update layers {layers} > {MAX_PENDING_LAYERS_PROPERTY}={policy.max_pending_layers}")
+    if policy.max_staleness is not None and files and stale_s > policy.max_staleness.total_seconds():
+        violations.append(
+            f"updates pending for {stale_s:.0f}s > {MAX_STALENESS_PROPERTY}={policy.max_staleness.total_seconds():.0f}s"
+        )
+    return {
+        "pending_update_files": files,
+        "pending_update_layers": layers,
+        "final_for_external_readers": files == 0,
+        "oldest_pending_update": (
+            datetime.fromtimestamp(oldest / 1000, timezone.utc).isoformat(timespec="seconds") if oldest is not None else None
+        ),
+        "stale_seconds": round(stale_s, 3),
+        "policy": policy.as_dict(),
+        "violations": violations,
+    }
+
+
+def branch_staleness(
+    table: "Table", branch: str = refs.MAIN, *, ice: IcebergTable | None = None, now: datetime | None = None
+) -> dict[str, Any]:
+    """:func:`staleness_of` a table branch under the table's own policy (cheap metadata only)."""
+    ice = ice or table.refresh()
+    health = table_health(table, branch, ice=ice, skip_manifests_below=2**62)
+    return {"table": table.name, "branch": branch, "snapshot_id": health["snapshot_id"],
+            **staleness_of(health, staleness_policy(ice.metadata.properties), now)}
+
+
 # ---------------------------------------------------------------- forecast
 def maintenance_forecast(
     lake: "Lake",
@@ -402,6 +501,10 @@ __all__ = [
     "lake_health",
     "maintenance_forecast",
     "small_file_bytes_of",
+    "StalenessPolicy",
+    "staleness_policy",
+    "staleness_of",
+    "branch_staleness",
     "clear_caches",
     "read_counters",
 ]

@@ -338,7 +338,7 @@ def rebuild(table, branch: str = "main") -> dict:
     from featurelake import refs
     from featurelake.commit import commit, optimistic
     from featurelake.merge import snapshot_files
-    from featurelake.state import STATE_KEY, StateWriter
+    from featurelake.state import StateWriter, summary_props
 
     def attempt(ice) -> dict:
         head = refs.branch_head(ice.metadata, branch)
@@ -349,7 +349,7 @@ def rebuild(table, branch: str = "main") -> dict:
         seg = write_segment(ice.io, location_of(ice), file_keys(ice, live, keys), key_is_exact(ice.schema(), keys))
         writer = StateWriter(table._state(ice, head), ice.io, table._platform_dir(ice))
         writer.replace_index_segments([seg.as_dict()] if seg else [])
-        props = {STATE_KEY: writer.write(), "featurelake.operation": "index rebuild"}
+        props = {**summary_props(ice.io, writer.write()), "featurelake.operation": "index rebuild"}
         tx = ice.transaction()
         tx.update_snapshot(snapshot_properties=props, branch=branch).fast_append().commit()
         return {"branch": branch, "rows": seg.rows if seg else 0, "files": len(live), "snapshot_id": commit(tx, branch)}

@@ -21,6 +21,7 @@ from featurelake.errors import (
     CatalogConfigError,
     CatalogUnavailableError,
     InvalidNameError,
+    LakeNotFoundError,
     TableExistsError,
     TableNotFoundError,
 )
@@ -37,7 +38,8 @@ from featurelake.secrets import redact, scrub, secrets_in
 if TYPE_CHECKING:
     from featurelake.table import Table
 
-DEFAULT_HOME = ".featurelake"
+from featurelake.home import CATALOG_FILE, DEFAULT_HOME, WAREHOUSE_DIR, lake_exists
+
 SQLITE_BUSY_TIMEOUT_S = 60  # how long the embedded catalog waits for another process's write lock
 CATALOG_NAME = "featurelake"
 _NAME_PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -56,10 +58,13 @@ class Lake:
     """A featurelake lake: a catalog of Iceberg tables and sequence tables.
 
     ``Lake(home)`` opens (creating on first use) the embedded lake under
-    ``home``. ``Lake.from_env()`` follows the deployment's environment.
+    ``home``; with ``create=False`` a missing lake is a LakeNotFoundError and
+    nothing is created. ``Lake.from_env()`` follows the deployment's environment.
     """
 
-    def __init__(self, home: str | os.PathLike | None = None, *, catalog: Catalog | None = None) -> None:
+    def __init__(
+        self, home: str | os.PathLike | None = None, *, catalog: Catalog | None = None, create: bool = True
+    ) -> None:
         if catalog is not None:
             self.home: Path | None = Path(home).resolve() if home is not None else None
             self.catalog = catalog
@@ -67,12 +72,14 @@ class Lake:
             self.warehouse: str | None = catalog.properties.get("warehouse")
             return
         home = Path(home if home is not None else os.environ.get("FEATURELAKE_HOME", DEFAULT_HOME)).resolve()
-        warehouse = home / "warehouse"
+        if not create and not lake_exists(home):
+            raise LakeNotFoundError(f"no lake exists at {home} (no {CATALOG_FILE} there); nothing was created")
+        warehouse = home / WAREHOUSE_DIR
         with storage_errors(f"open the lake at {home}"):
             warehouse.mkdir(parents=True, exist_ok=True)
             self.home = home
             self.warehouse = str(warehouse)
-            self.catalog = _sql_catalog(_sqlite_url(home / "catalog.db"), self.warehouse)
+            self.catalog = _sql_catalog(_sqlite_url(home / CATALOG_FILE), self.warehouse)
 
     @classmethod
     def from_env(cls) -> "Lake":
@@ -255,6 +262,17 @@ class Lake:
         from featurelake.gc import purge_files
 
         return purge_files(self, name, ice)
+
+    def sql(self, query: str, branch: str = "main") -> pa.Table:
+        """Run a SQL query (DuckDB) over lake tables read with their update files merged.
+
+        Name tables ``ns.table`` (at ``branch``) or ``"ns.table@ref"`` (a branch,
+        tag or snapshot id). The one correct way to query un-compacted tables
+        with SQL: other engines miss the update files. See :mod:`featurelake.sql`.
+        """
+        from featurelake.sql import sql
+
+        return sql(self, query, branch)
 
     @storage_errors("collect garbage")
     def collect_garbage(self, older_than: timedelta = timedelta(days=3), dry_run: bool = False):

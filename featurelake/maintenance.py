@@ -25,7 +25,7 @@ from featurelake import index, refs
 from featurelake.commit import cleanup_on_failure, commit, delete_quietly, optimistic
 from featurelake.errors import CorruptFileError
 from featurelake.rewrite import merged_rows, rewrite_scan, write_data_files
-from featurelake.state import STATE_KEY, StateWriter
+from featurelake.state import StateWriter, summary_props
 
 if TYPE_CHECKING:
     from featurelake.table import Table
@@ -265,8 +265,7 @@ def _commit_bins(
             added_paths.append(plan.segment["path"])
     root = writer.write() if writer.changed else state.root_path
     snapshot_props = {"featurelake.operation": "compact"}
-    if root:
-        snapshot_props[STATE_KEY] = root
+    snapshot_props.update(summary_props(ice.io, root))
     tx = ice.transaction()
     with tx.update_snapshot(snapshot_properties=snapshot_props, branch=branch).overwrite() as op:
         for f in removed:

@@ -31,7 +31,7 @@ from featurelake import refs
 from featurelake.commit import commit, commit_refs, optimistic
 from featurelake.errors import BranchNotFoundError, FeatureLakeError, MergeConflictError
 from featurelake.guard import manifest_errors
-from featurelake.state import STATE_KEY, PlatformState, StateWriter, UpdateEntry
+from featurelake.state import PlatformState, StateWriter, UpdateEntry, summary_props
 
 if TYPE_CHECKING:
     from featurelake.table import Table
@@ -243,8 +243,7 @@ def _replay(
     props = {"featurelake.operation": operation}
     if merged_from is not None:
         props[MERGED_FROM] = str(merged_from)
-    if root:
-        props[STATE_KEY] = root
+    props.update(summary_props(ice.io, root))
     tx = tx or ice.transaction()
     removed = [f for p, f in changes.removed_files.items() if p in target_files]
     added = [f for p, f in changes.added_files.items() if p not in target_files]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -43,7 +44,7 @@ from pyiceberg.table import FileScanTask
 from pyiceberg.table.snapshots import Snapshot
 
 from featurelake.columns import is_hidden, original_name
-from featurelake.errors import CorruptFileError, FeatureLakeError, SchemaMismatchError
+from featurelake.errors import CorruptFileError, FeatureLakeError, InvalidArgumentError, SchemaMismatchError
 from featurelake.guard import manifest_errors
 from featurelake.schema import LOCATOR_FILE, LOCATOR_POS, arrow_schema
 from featurelake.state import PlatformState, UpdateEntry
@@ -60,6 +61,12 @@ DEFAULT_BATCH = 65_536
 _TRANSIENT_RETRIES = 3
 
 
+FILTER_SYNTAX = (
+    "a filter is conditions 'column <comparison> value' (comparisons =, !=, <, <=, >, >=, in (...), "
+    "not in (...), is null, is not null, like 'prefix%'; strings in single quotes), joined by and, or, not"
+)
+
+
 def parse_filter(filter: str | BooleanExpression | None) -> BooleanExpression:
     if filter is None:
         return AlwaysTrue()
@@ -67,8 +74,33 @@ def parse_filter(filter: str | BooleanExpression | None) -> BooleanExpression:
         return filter
     try:
         return parse_expression(filter)
-    except Exception as e:  # the parser raises pyparsing's exceptions
-        raise FeatureLakeError(f"cannot parse filter {filter!r}: {e}") from e
+    except Exception as e:  # the parser raises pyparsing's exceptions: say it in words, with the position
+        raise InvalidArgumentError(_filter_error(filter, getattr(e, "loc", 0) or 0)) from None
+
+
+def _filter_error(text: str, loc: int) -> str:
+    """Where a filter stops parsing, in words (positions count from 1)."""
+    if not text.strip():
+        return f"the filter is empty; {FILTER_SYNTAX}"
+    # the parser often backtracks to the start: find the first condition that does not parse on its own
+    start = 0
+    for m in re.finditer(r"\s+(?:and|or)\s+|$", text, re.IGNORECASE):
+        part = text[start:m.start()]
+        try:
+            parse_expression(part.strip())
+        except Exception:  # noqa: BLE001 - pyparsing's exceptions
+            first = start + len(part) - len(part.lstrip())
+            if first < loc < len(text):
+                near = text[loc:].split()[0]
+                return f"cannot parse filter {text!r}: unexpected {near!r} at position {loc + 1}; {FILTER_SYNTAX}"
+            return (
+                f"cannot parse filter {text!r}: condition {part.strip()!r} at position {first + 1} is not valid; "
+                + FILTER_SYNTAX
+            )
+        start = m.end()
+    if 0 < loc < len(text):
+        return f"cannot parse filter {text!r}: unexpected {text[loc:].split()[0]!r} at position {loc + 1}; {FILTER_SYNTAX}"
+    return f"cannot parse filter {text!r}; {FILTER_SYNTAX}"
 
 
 def bind_filter(schema: Schema, filter: str | BooleanExpression | None) -> BooleanExpression:

@@ -8,6 +8,7 @@ table before anything is written.
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any, Sequence
 
 import pyarrow as pa
@@ -26,8 +27,17 @@ from pyiceberg.transforms import (
 )
 from pyiceberg.types import StringType
 
+from featurelake import _compat  # noqa: F401  (patches pyiceberg before any data passes through it)
 from featurelake.errors import InvalidArgumentError, InvalidNameError, NullKeyError, SchemaMismatchError
 
+# Tells other engines (and people reading metadata) that column updates live in update files
+MERGE_ON_READ_PROPERTY = "featurelake.merge-on-read"
+EXTERNAL_READERS_NOTE_PROPERTY = "featurelake.external-readers"
+EXTERNAL_READERS_NOTE = (
+    "column updates are merge-on-read update files that Iceberg readers do not see: until compact, "
+    "read with featurelake (Table.read, Lake.sql, featurelake sql); snapshot summaries count "
+    "featurelake.pending-update-files"
+)
 LOCATOR_FILE = "_file"
 LOCATOR_POS = "_pos"
 RESERVED_PREFIX = "_"
@@ -158,6 +168,8 @@ def table_properties(schema: Schema, primary_key: Sequence[str], spec: Partition
         "commit.retry.num-retries": "10",
         "write.parquet.compression-codec": "zstd",
         "featurelake.primary-key": ",".join(primary_key),
+        MERGE_ON_READ_PROPERTY: "true",
+        EXTERNAL_READERS_NOTE_PROPERTY: EXTERNAL_READERS_NOTE,
     }
     stat_columns = list(primary_key) + [schema.find_column_name(f.source_id) for f in spec.fields]
     for col in dict.fromkeys(stat_columns):
@@ -182,6 +194,9 @@ def check_user_properties(properties: dict[str, str]) -> dict[str, str]:
     reserved = [k for k in properties if k in RESERVED_PROPERTIES]
     if reserved:
         raise InvalidArgumentError(f"table properties {reserved} are set by featurelake (use primary_key=...)")
+    from featurelake.health import staleness_policy
+
+    staleness_policy(properties)  # a bad external-reader policy fails here, not in the sensor
     version = properties.get("format-version", FORMAT_VERSION)
     if version != FORMAT_VERSION:
         raise InvalidArgumentError(f"featurelake tables are Iceberg format version 2, not {version!r}")
@@ -203,19 +218,19 @@ def _plain(t: pa.DataType) -> pa.DataType:
 
 
 def _castable(src: pa.DataType, dst: pa.DataType) -> bool:
+    """Whether values of ``src`` may be cast to ``dst``; narrowing casts are allowed here
+    because :func:`cast_column` range-checks every value (nothing lossy gets through)."""
     src, dst = _plain(src), _plain(dst)
     if src.equals(dst):
         return True
     if pa.types.is_null(src):
         return True
-    if pa.types.is_integer(src) and pa.types.is_integer(dst):
-        return dst.bit_width >= src.bit_width and (pa.types.is_signed_integer(dst) or not pa.types.is_signed_integer(src))
-    if pa.types.is_floating(src) and pa.types.is_floating(dst):
-        return dst.bit_width >= src.bit_width
-    if pa.types.is_integer(src) and pa.types.is_floating(dst):
-        return src.bit_width <= 32
+    if pa.types.is_integer(src) and (pa.types.is_integer(dst) or pa.types.is_floating(dst)):
+        return True  # range- and precision-checked per value (pandas gives int64 for an int32 column)
+    if pa.types.is_floating(src) and (pa.types.is_floating(dst) or pa.types.is_integer(dst)):
+        return True  # overflow and fractions refused per value (pandas gives float64, and float64 for ints with NaN)
     if pa.types.is_timestamp(src) and pa.types.is_timestamp(dst):
-        return (src.tz is None) == (dst.tz is None)
+        return True  # naive timestamps are UTC on either side; sub-unit precision refused per value
     if pa.types.is_date(src) and pa.types.is_date(dst):
         return True
     if (pa.types.is_list(src) or pa.types.is_large_list(src)) and (pa.types.is_list(dst) or pa.types.is_large_list(dst)):
@@ -231,19 +246,37 @@ def _castable(src: pa.DataType, dst: pa.DataType) -> bool:
 
 
 def to_table(data: Any) -> pa.Table:
-    """Accept a pyarrow Table or RecordBatch, or a pandas DataFrame."""
+    """Accept a pyarrow Table or RecordBatch, a pandas DataFrame, or any object that exports an
+    Arrow stream (``__arrow_c_stream__``: polars, DuckDB, ...), without importing its library."""
     if isinstance(data, pa.Table):
         return data
     if isinstance(data, pa.RecordBatch):
         return pa.Table.from_batches([data])
-    try:
-        import pandas as pd
+    if _is_pandas(data):
+        return pa.Table.from_pandas(data, preserve_index=False)
+    if hasattr(data, "__arrow_c_stream__"):
+        try:
+            return pa.RecordBatchReader.from_stream(data).read_all()
+        except (pa.ArrowException, TypeError, ValueError) as e:
+            raise SchemaMismatchError(f"cannot read the Arrow stream of a {type(data).__name__}: {e}") from e
+    raise SchemaMismatchError(
+        "expected a pyarrow Table/RecordBatch, a pandas or polars DataFrame, "
+        f"or an object with __arrow_c_stream__; got {type(data).__name__}"
+    )
 
-        if isinstance(data, pd.DataFrame):
-            return pa.Table.from_pandas(data, preserve_index=False)
-    except ImportError:  # pragma: no cover
-        pass
-    raise SchemaMismatchError(f"expected a pyarrow Table/RecordBatch or pandas DataFrame, got {type(data).__name__}")
+
+def is_arrow_stream(data: Any) -> bool:
+    """An object exporting an Arrow stream that is not a Table, RecordBatch or DataFrame (read it in batches)."""
+    return (
+        hasattr(data, "__arrow_c_stream__")
+        and not isinstance(data, (pa.Table, pa.RecordBatch))
+        and type(data).__name__ != "DataFrame"
+    )
+
+
+def _is_pandas(data: Any) -> bool:
+    pd = sys.modules.get("pandas")  # a pandas frame exists only if pandas was imported
+    return pd is not None and isinstance(data, pd.DataFrame)
 
 
 def conform(data: pa.Table, target: pa.Schema, *, allow_missing: bool = True, keys: Sequence[str] = ()) -> pa.Table:
@@ -287,10 +320,23 @@ def cast_column(col: pa.ChunkedArray | pa.Array, dtype: pa.DataType, name: str):
     """``col`` as ``dtype``, refusing any value the cast would change (overflow, lost precision)."""
     if col.type.equals(dtype):
         return col
+    src = col.type
+    if pa.types.is_timestamp(src) and pa.types.is_timestamp(dtype) and (src.tz is None) != (dtype.tz is None):
+        # naive means UTC: relabel first, then the same-kind cast below checks the unit
+        col = col.cast(pa.timestamp(src.unit, tz=dtype.tz))
     try:
-        return col.cast(dtype, safe=True)
+        out = col.cast(dtype, safe=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
-        raise SchemaMismatchError(f"column {name!r} does not fit {dtype}: {e}", [name]) from e
+        raise SchemaMismatchError(f"column {name!r} does not fit {dtype} without losing values: {e}", [name]) from e
+    if pa.types.is_floating(src) and pa.types.is_floating(dtype) and dtype.bit_width < src.bit_width:
+        import pyarrow.compute as pc
+
+        overflow = pc.sum(pc.and_(pc.is_finite(col), pc.invert(pc.is_finite(out)))).as_py() or 0
+        if overflow:
+            raise SchemaMismatchError(
+                f"column {name!r} does not fit {dtype} without losing values: {overflow} value(s) out of its range", [name]
+            )
+    return out
 
 
 def check_required(columns: Sequence[pa.ChunkedArray | pa.Array], fields: Sequence[pa.Field], keys: Sequence[str] = ()) -> None:

@@ -40,6 +40,9 @@ from featurelake.refs import ancestors
 from featurelake.storage import storage_of
 
 STATE_KEY = "featurelake.state"
+# What a reader of the snapshot that ignores update files misses (string values, see summary_props)
+PENDING_FILES_KEY = "featurelake.pending-update-files"
+PENDING_LAYERS_KEY = "featurelake.pending-update-layers"
 N_SHARDS = 64
 FORMAT = 1
 
@@ -102,6 +105,17 @@ class PlatformState:
         return sum(v["bytes"] for v in self.shard_info.values())
 
     @property
+    def max_layers(self) -> int:
+        """The most update files stacked on one data file (the root's per-shard figure when it has one)."""
+        most = 0
+        for info in self.shard_info.values():
+            layers = info.get("layers")
+            if layers is None:  # a root written before shards recorded it
+                layers = max((len(es) for es in _load_shard(self.io, info["path"]).values()), default=0)
+            most = max(most, int(layers))
+        return most
+
+    @property
     def updated_field_ids(self) -> frozenset[int]:
         return frozenset(f for v in self.shard_info.values() for f in v["field_ids"])
 
@@ -149,6 +163,19 @@ def state_of(meta: TableMetadata, io: FileIO, snapshot: Snapshot | None) -> Plat
         if path:
             return _load_root(io, path)
     return PlatformState(io=io)
+
+
+def summary_props(io: FileIO, root_path: str | None) -> dict[str, str]:
+    """The snapshot summary of a platform commit: its state root, and what readers that
+    ignore update files miss (pending update files and the most layers on one data file).
+
+    Values are strings: an int in a summary breaks pyiceberg's ``inspect.snapshots()``.
+    """
+    state = _load_root(io, root_path) if root_path else PlatformState(io=io)
+    props = {STATE_KEY: root_path} if root_path else {}
+    props[PENDING_FILES_KEY] = str(state.update_files)
+    props[PENDING_LAYERS_KEY] = str(state.max_layers)
+    return props
 
 
 class StateWriter:
@@ -233,6 +260,7 @@ class StateWriter:
                 "files": len(rows),
                 "bytes": sum(e.bytes for e in rows),
                 "field_ids": sorted({f for e in rows for f in e.field_ids}),
+                "layers": max(len(es) for es in entries.values()),
             }
         root = {
             "format": FORMAT,
@@ -243,6 +271,10 @@ class StateWriter:
         root_path = root_path or self.new_root_path()
         with storage_of(self.io).write_new(root_path) as out:
             pq.write_table(pa.table({"state": [json.dumps(root)]}), out)
+        _ROOT_CACHE.put(
+            root_path,
+            PlatformState(root_path, self.next_seq, {int(k): v for k, v in shards.items()}, tuple(self.index_segments)),
+        )
         return root_path
 
 

@@ -28,9 +28,9 @@ from featurelake.keys import check_keys, find, found_keys
 from featurelake.merge import snapshot_files
 from featurelake.rewrite import Removal, plan_removal, write_data_files
 from featurelake.read import DEFAULT_BATCH, Scan, parse_filter
-from featurelake.schema import arrow_schema, conform, to_table
+from featurelake.schema import arrow_schema, conform, is_arrow_stream, to_table
 from featurelake.schema import LOCATOR_FILE
-from featurelake.state import STATE_KEY, PlatformState, StateWriter, state_of
+from featurelake.state import STATE_KEY, PlatformState, StateWriter, state_of, summary_props
 from featurelake.storage import platform_dir
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ class Table:
         """Snapshot summary carrying the platform state forward (new root, or the inherited one)."""
         if root is None:
             root = self._state(ice, head).root_path
-        return {STATE_KEY: root} if root else {}
+        return summary_props(ice.io, root)
 
     def _platform_dir(self, ice: IcebergTable) -> str:
         return platform_dir(ice.location())
@@ -157,6 +157,36 @@ class Table:
 
             result = join_sequences(result, sequences, drop=extra)
         return result
+
+    def to_pandas(
+        self,
+        columns: Sequence[str] | None = None,
+        filter: str | BooleanExpression | None = None,
+        branch: str = MAIN,
+        snapshot_id: int | None = None,
+        with_locator: bool = False,
+        max_bad_file_ratio: float = 0.0,
+        sequences: dict[str, Any] | None = None,
+    ):
+        """``read(...)`` as a pandas DataFrame (same arguments, update files merged in)."""
+        return self.read(columns, filter, branch, snapshot_id, with_locator, max_bad_file_ratio, sequences).to_pandas()
+
+    def to_polars(
+        self,
+        columns: Sequence[str] | None = None,
+        filter: str | BooleanExpression | None = None,
+        branch: str = MAIN,
+        snapshot_id: int | None = None,
+        with_locator: bool = False,
+        max_bad_file_ratio: float = 0.0,
+        sequences: dict[str, Any] | None = None,
+    ):
+        """``read(...)`` as a polars DataFrame (same arguments); polars is imported only here."""
+        try:
+            import polars as pl
+        except ImportError as e:
+            raise InvalidArgumentError("to_polars needs polars: pip install polars") from e
+        return pl.from_arrow(self.read(columns, filter, branch, snapshot_id, with_locator, max_bad_file_ratio, sequences))
 
     def batches(
         self,
@@ -463,6 +493,9 @@ class Table:
             "bytes": data_bytes + update_bytes,
             "snapshots": sum(1 for _ in refs.ancestors(ice.metadata, snapshot)),
             "columns": len(ice.schema().fields),
+            # what engines reading the Iceberg metadata directly get: final only without pending update files
+            "metadata_location": ice.metadata_location,
+            "final_for_external_readers": not any(layers.values()),
             **(self._storage(branch) if snapshot_id is None and snapshot is not None else {}),
         }
 
@@ -496,6 +529,8 @@ def _chunks(data: Any, rows: int = CHUNK_ROWS) -> Iterator[pa.Table]:
     """Input as tables of at most about ``rows`` rows."""
     if isinstance(data, pa.RecordBatchReader):
         data = iter(data)
+    elif is_arrow_stream(data):  # DuckDB results, Arrow streams of other libraries: streamed
+        data = iter(pa.RecordBatchReader.from_stream(data))
     if isinstance(data, (pa.Table, pa.RecordBatch)) or type(data).__name__ == "DataFrame":
         yield to_table(data)
         return

@@ -50,7 +50,7 @@ from featurelake.schema import (
     stored_type,
     to_table,
 )
-from featurelake.state import STATE_KEY, StateWriter, UpdateEntry
+from featurelake.state import STATE_KEY, StateWriter, UpdateEntry, summary_props
 from featurelake.storage import storage_of
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ def _split_input(table: "Table", data: pa.Table) -> tuple[bool, list[str]]:
     return by_locator, values
 
 
-def _check_types(table_schema: pa.Schema, data: pa.Table, columns: list[str]) -> list[str]:
+def _check_types(table_schema: pa.Schema, data: pa.Table, columns: list[str], operation: str = "backfill") -> list[str]:
     """The columns that are new; raise for existing columns of incompatible type."""
     new, wrong = [], []
     for c in columns:
@@ -114,7 +114,7 @@ def _check_types(table_schema: pa.Schema, data: pa.Table, columns: list[str]) ->
         elif not _castable(data.schema.field(c).type, table_schema.field(c).type):
             wrong.append(f"column {c!r} is {table_schema.field(c).type}, input has {data.schema.field(c).type}")
     if wrong:
-        raise SchemaMismatchError("backfill input does not fit: " + "; ".join(wrong), [w.split("'")[1] for w in wrong])
+        raise SchemaMismatchError(f"{operation} input does not fit: " + "; ".join(wrong), [w.split("'")[1] for w in wrong])
     return new
 
 
@@ -347,6 +347,7 @@ def apply_column_updates(
             table, ice, head, writer, producer.snapshot_id, rows, columns, tx.table_metadata.schema(), written, groups
         )
         writer.write(root_path)
+        props.update(summary_props(ice.io, root_path))  # the producer reads its summary at commit
         producer.commit()
         report.snapshot_id = commit(tx, branch)
         report.rows_updated = rows.num_rows

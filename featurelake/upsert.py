@@ -30,7 +30,7 @@ from featurelake.keys import ROW, check_keys, conform_keys, find
 from featurelake.merge import snapshot_files
 from featurelake.rewrite import write_data_files
 from featurelake.schema import RESERVED_PREFIX, arrow_schema, check_column_names, conform, to_table
-from featurelake.state import STATE_KEY, StateWriter
+from featurelake.state import STATE_KEY, StateWriter, summary_props
 from featurelake.updates import UpdateReport, _check_types, add_columns, fit_values, located_rows, stage_update_files
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ def upsert(table: "Table", data: Any, branch: str = refs.MAIN) -> UpdateReport:
         schema = ice.schema()
         current = arrow_schema(schema, field_ids=False)
         value_columns = [c for c in data.column_names if c not in keys]
-        new_columns = _check_types(current, data, value_columns)
+        new_columns = _check_types(current, data, value_columns, "upsert")
         values = fit_values(current, data, value_columns, new_columns, refuse_required_nulls=False)
         found = find(table, ice, head, values.select(keys)) if head is not None else None
         is_existing = np.zeros(values.num_rows, dtype=bool)
@@ -109,6 +109,7 @@ def upsert(table: "Table", data: Any, branch: str = refs.MAIN) -> UpdateReport:
             live_after = set(snapshot_files(ice, head)) | {f.file_path for f in data_files}
             index.extend(ice, writer, [f.file_path for f in data_files], keys, live_after)
         writer.write(root_path)
+        props.update(summary_props(ice.io, root_path))  # the producer reads its summary at commit
         producer.commit()
         report.snapshot_id = commit(tx, branch)
         report.rows_updated = int(is_existing.sum())

@@ -8,7 +8,11 @@ asset for partition ``<table>|<branch>`` when, at the branch head,
 
 * compactable small files (small files sharing a partition) >= ``min_small_files``, or
 * the most update layers stacked on one data file >= ``min_update_layers``, or
-* live update files >= ``min_update_files``.
+* live update files >= ``min_update_files``, or
+* the table's external-reader staleness policy is violated (table properties
+  ``external-readers.max-pending-layers`` / ``external-readers.max-staleness``,
+  see ``featurelake.health.StalenessPolicy``): other engines must never read
+  values staler than the table allows.
 
 A threshold of 0 or None switches that rule off. Defaults come from
 FEATURELAKE_COMPACT_MIN_SMALL_FILES (16), FEATURELAKE_COMPACT_MIN_UPDATE_LAYERS
@@ -204,11 +208,15 @@ def plan_compactions(
     tables: Optional[Iterable[str]] = None,
     branches: Optional[Iterable[str]] = None,
     in_flight: Callable[[str], bool] = lambda key: False,
+    now=None,
 ) -> CompactionPlan:
-    """Which table branches need compaction now (the sensor's logic, without Dagster)."""
+    """Which table branches need compaction now (the sensor's logic, without Dagster).
+
+    ``now`` (a datetime, default the clock) is when staleness time bounds are judged.
+    """
     from pyiceberg.table.refs import SnapshotRefType
 
-    from featurelake.health import table_health
+    from featurelake.health import staleness_of, staleness_policy, table_health
 
     seen = _load_cursor(cursor, thresholds)
     plan = CompactionPlan()
@@ -223,13 +231,19 @@ def plan_compactions(
             continue
         ice = table._ice  # loaded just now by lake.table
         refs = ice.metadata.refs
+        try:
+            policy = staleness_policy(ice.metadata.properties)
+        except Exception as e:  # a bad policy property: report it, watch the thresholds anyway
+            plan.errors[name] = f"{type(e).__name__}: {e}"
+            policy = None
         for branch in sorted(n for n, r in refs.items() if r.snapshot_ref_type == SnapshotRefType.BRANCH):
             if wanted_branches is not None and branch not in wanted_branches:
                 continue
             key = maintenance_group.target_key(name, branch)
             present.add(key)
             head = refs[branch].snapshot_id
-            if seen.get(key) == head:
+            # a time bound can be crossed without a new commit: such branches are re-read (cached health)
+            if seen.get(key) == head and not (policy and policy.max_staleness):
                 plan.unchanged += 1
                 continue
             if in_flight(key):
@@ -245,6 +259,9 @@ def plan_compactions(
             plan.evaluated += 1
             seen[key] = head
             reasons = thresholds.reasons(health)
+            if policy is not None:
+                health["staleness"] = staleness_of(health, policy, now)
+                reasons += health["staleness"]["violations"]
             if reasons:
                 plan.requests.append(CompactionRequest(name, branch, head, reasons, health))
             else:

@@ -41,6 +41,7 @@ def test_tables_text_and_json(home):
 
 
 def test_tables_empty_lake(tmp_path):
+    Lake(tmp_path / "empty")  # a lake without tables
     assert "No tables" in ok(cli(tmp_path / "empty", "tables"))
     assert json.loads(ok(cli(tmp_path / "empty", "tables", json_out=True))) == []
 

@@ -161,7 +161,7 @@ def test_expire_and_gc(home, tmp_path):
     assert not any(os.path.exists(p.removeprefix("file://")) for p in dry["files"])
     assert table(home).read().num_rows == 200
     assert json.loads(ok(cli(home, "gc", "--older-than-hours", "0", json_out=True)))["files"] == []
-    assert "Expired 0 snapshot(s)" in ok(cli(home, "expire", TABLE, "--older-than", "1"))
+    assert "Expired 0 snapshot(s)" in ok(cli(home, "expire", TABLE, "--older-than", "1d"))
     assert cli(home, "expire", TABLE).exit_code == 2  # --older-than is required
 
 

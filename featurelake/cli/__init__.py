@@ -10,8 +10,12 @@ result -- a rich table for people, ``--json`` for machines::
 
 The lake is ``--home DIR`` when given; otherwise ``FEATURELAKE_CATALOG_URI``
 (+ ``FEATURELAKE_WAREHOUSE``) when set, else the embedded lake at
-``FEATURELAKE_HOME`` (default ``./.featurelake``). A :class:`FeatureLakeError`
-prints one red line on stderr and exits with status 1. The CLI never imports
+``FEATURELAKE_HOME`` (default ``./.featurelake``); only ``create`` makes a new
+embedded lake, every other command says when none exists there. A
+:class:`FeatureLakeError` prints its whole message in red on stderr (under
+``--json``: ``{"error": ..., "type": ...}`` on stdout) and exits with status 1.
+Nothing heavy is imported until a command runs, so ``--help`` and
+``--version`` answer at once. The CLI never imports
 Dagster: only ``demo`` reaches for it, inside the command.
 
 The package splits the commands by group; importing it registers them all
@@ -22,8 +26,9 @@ on :data:`app`:
   argument types the commands share.
 * :mod:`~featurelake.cli.output` -- what every command prints with: JSON
   output, error lines, progress bars, rich tables and number formatting.
-* :mod:`~featurelake.cli.tables` -- tables, stats, snapshots, read, append,
-  backfill, compact, demo, upsert.
+* :mod:`~featurelake.cli.tables` -- tables, create, stats, snapshots, read,
+  append, backfill, compact, demo, upsert.
+* :mod:`~featurelake.cli.sql` -- sql (DuckDB over the merge-on-read reader).
 * :mod:`~featurelake.cli.branches` -- branch (create, list, diff, merge,
   rebase, drop), merge, rebase, tag, revert.
 * :mod:`~featurelake.cli.maintenance` -- expire, gc, columns, index.
@@ -35,7 +40,7 @@ from featurelake.cli.core import app
 from featurelake.cli.output import CLIError
 
 # importing the command modules registers their commands on `app`, in this order (the order --help lists them)
-from featurelake.cli import tables, branches, maintenance, seq  # noqa: F401  isort: skip
+from featurelake.cli import tables, sql, branches, maintenance, seq  # noqa: F401  isort: skip
 
 __all__ = ["CLIError", "app", "main"]
 

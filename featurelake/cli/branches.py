@@ -14,13 +14,11 @@ import typer
 from rich.table import Table as RichTable
 from rich.text import Text
 
-from featurelake.cli.core import MAIN, BranchOpt, JsonFlag, TableArg, _Group, _opts, _wants_json, app
+from featurelake.cli.core import MAIN, BranchOpt, JsonFlag, TableArg, _opts, _wants_json, app, sub_app
 from featurelake.cli.output import _bytes, _count, _emit_json, _out, _print_error, _print_report, _print_write, _progress
 
 
-branch_app = typer.Typer(
-    cls=_Group, help="Zero-copy branches: create, list, diff, merge, rebase, drop.", no_args_is_help=True
-)
+branch_app = sub_app("Zero-copy branches: create, list, diff, merge, rebase, drop.")
 app.add_typer(branch_app, name="branch")
 
 NameArg = Annotated[str, typer.Argument(help="Branch name.", show_default=False)]
@@ -112,11 +110,16 @@ def merge_cmd(
     """
     t = _opts(ctx).lake().table(table)
     payload = {"operation": "merge", "table": table, "source": name, "into": into}
+    before = t.branches().get(into)
     with _conflicts_reported(ctx, json_flag, t, payload):
         with _progress(f"Merging {name} into {table}@{into}"):
             snapshot_id = t.merge(name, into)
+    up_to_date = snapshot_id == before  # no new commit: `into` already holds every change of `name`
     if _wants_json(ctx, json_flag):
-        return _emit_json({**payload, "snapshot_id": snapshot_id})
+        return _emit_json({**payload, "snapshot_id": snapshot_id, "up_to_date": up_to_date})
+    if up_to_date:
+        _out().print(Text(f"Already up to date: {table}@{into} already contains {name} (snapshot {snapshot_id})."))
+        return
     _print_done(f"Merged {name} into {table}@{into}", snapshot_id)
 
 
@@ -212,7 +215,7 @@ def _conflicts_reported(ctx: typer.Context, json_flag: bool, t: Any, payload: di
     except MergeConflictError as e:
         conflicts = [{"file": f, "column": c, "reason": r} for f, c, r in e.conflicts]
         if _wants_json(ctx, json_flag):
-            _emit_json({**payload, "error": str(e), "conflicts": conflicts})
+            _emit_json({**payload, "error": str(e), "type": type(e).__name__, "conflicts": conflicts})
         else:
             location = _table_location(t)
             view = RichTable(title=f"{len(conflicts)} conflict(s); nothing was written", title_justify="left")

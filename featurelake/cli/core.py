@@ -13,27 +13,34 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from typer.core import TyperGroup
 
 from featurelake import __version__
-from featurelake.cli.output import CLIError, _print_error
+from featurelake.cli.output import CLIError, _emit_error_json, _print_error
 from featurelake.errors import FeatureLakeError
-from featurelake.lake import DEFAULT_HOME, Lake
+from featurelake.home import DEFAULT_HOME
+
+if TYPE_CHECKING:
+    from featurelake.lake import Lake
 
 MAIN = "main"
 
 
 class _Group(TyperGroup):
-    """Turns expected errors into one red line and exit status 1 (no traceback)."""
+    """Turns expected errors into one red message (or a JSON error under --json) and exit status 1."""
 
     def invoke(self, ctx: typer.Context) -> Any:
         try:
             return super().invoke(ctx)
         except (FeatureLakeError, CLIError) as e:
-            _print_error(e)
+            opts = ctx.find_object(_Options)
+            if opts is not None and opts.json:
+                _emit_error_json(e)
+            else:
+                _print_error(e)
             raise typer.Exit(1) from None
 
 
@@ -44,28 +51,37 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
+    rich_markup_mode=None,  # plain help: flags show as flags, and --help needs no rich
 )
+
+
+def sub_app(help: str) -> typer.Typer:
+    """A command group (branch, columns, index, seq) formatted and guarded like the app."""
+    return typer.Typer(cls=_Group, help=help, no_args_is_help=True, rich_markup_mode=None)
 
 
 @dataclasses.dataclass
 class _Options:
     home: Optional[Path]
     json: bool
-    _lake: Optional[Lake] = None
+    _lake: Optional["Lake"] = None
 
-    def lake(self) -> Lake:
+    def lake(self, create: bool = False) -> "Lake":
+        """The lake the options name; only ``create`` (the create command) may make a new embedded one."""
         if self._lake is None:
-            self._lake = _open_lake(self.home)
+            self._lake = _open_lake(self.home, create)
         return self._lake
 
 
-def _open_lake(home: Optional[Path]) -> Lake:
+def _open_lake(home: Optional[Path], create: bool = False) -> "Lake":
+    from featurelake.lake import Lake
+
     try:
         if home is not None:
-            return Lake(home)
+            return Lake(home, create=create)
         if os.environ.get("FEATURELAKE_CATALOG_URI"):
             return Lake.from_env()
-        return Lake()  # FEATURELAKE_HOME, else ./.featurelake
+        return Lake(create=create)  # FEATURELAKE_HOME, else ./.featurelake
     except FeatureLakeError:
         raise
     except (ValueError, OSError, ImportError) as e:
@@ -82,8 +98,17 @@ def _opts(ctx: typer.Context) -> _Options:
 def _wants_json(ctx: typer.Context, local_flag: bool) -> bool:
     return local_flag or _opts(ctx).json
 
+def _json_requested(ctx: typer.Context, value: bool) -> bool:
+    """A command's own --json also makes its errors JSON (the group reads the shared options)."""
+    if value:
+        _opts(ctx).json = True
+    return value
+
+
 # ------------------------------------------------------------------ options
-JsonFlag = Annotated[bool, typer.Option("--json", help="Machine output (same as the global --json).")]
+JsonFlag = Annotated[
+    bool, typer.Option("--json", callback=_json_requested, help="Machine output (same as the global --json).")
+]
 BranchOpt = Annotated[str, typer.Option("--branch", "-b", help="Branch (or tag, for reads).")]
 TableArg = Annotated[str, typer.Argument(help="Table name, namespace.table.", show_default=False)]
 ParquetArg = Annotated[

@@ -8,12 +8,13 @@ status 1 when it is wrong).
 from __future__ import annotations
 
 import datetime as _dt
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from rich.text import Text
 
-from featurelake.cli.core import MAIN, BranchOpt, JsonFlag, TableArg, _Group, _opts, _wants_json, app
+from featurelake.cli.core import MAIN, BranchOpt, JsonFlag, TableArg, _opts, _wants_json, app, sub_app
+from featurelake.durations import parse_duration
 from featurelake.cli.output import CLIError, _as_dict, _bytes, _count, _emit_json, _out, _print_error, _print_report, _progress
 
 
@@ -22,7 +23,7 @@ def expire_cmd(
     ctx: typer.Context,
     table: TableArg,
     older_than: Annotated[
-        float, typer.Option("--older-than", min=0, help="Expire snapshots older than this many days.", show_default=False)
+        str, typer.Option("--older-than", help="Expire snapshots older than this age, e.g. 7d, 12h, 30m.", show_default=False)
     ],
     retain_last: Annotated[
         int, typer.Option("--retain-last", min=1, help="Snapshots every branch keeps whatever their age.")
@@ -30,8 +31,9 @@ def expire_cmd(
     json_flag: JsonFlag = False,
 ) -> None:
     """Expire old snapshots (ref heads stay); gc then deletes the files only they referenced."""
+    age = parse_duration(older_than, "--older-than")
     t = _opts(ctx).lake().table(table)
-    cutoff = _dt.datetime.now(_dt.timezone.utc) - _dt.timedelta(days=older_than)
+    cutoff = _dt.datetime.now(_dt.timezone.utc) - age
     with _progress(f"Expiring snapshots of {table}"):
         expired = list(t.expire_snapshots(cutoff, retain_last))
     if _wants_json(ctx, json_flag):
@@ -51,16 +53,20 @@ GC_LISTED_FILES = 20
 @app.command("gc")
 def gc_cmd(
     ctx: typer.Context,
+    older_than: Annotated[
+        str, typer.Option("--older-than", help="Only files older than this age go (writes in flight are younger), e.g. 3d, 12h.")
+    ] = "3d",
     older_than_hours: Annotated[
-        float, typer.Option("--older-than-hours", min=0, help="Only files older than this go (writes in flight are younger).")
-    ] = 72.0,
+        Optional[float], typer.Option("--older-than-hours", min=0, hidden=True, help="Deprecated: --older-than 12h.")
+    ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would go; delete nothing.")] = False,
     json_flag: JsonFlag = False,
 ) -> None:
     """Delete the files no retained snapshot of any branch or tag references, in every table."""
+    age = _dt.timedelta(hours=older_than_hours) if older_than_hours is not None else parse_duration(older_than, "--older-than")
     lake = _opts(ctx).lake()
     with _progress("Collecting garbage" + (" (dry run)" if dry_run else "")):
-        report = lake.collect_garbage(older_than=_dt.timedelta(hours=older_than_hours), dry_run=dry_run)
+        report = lake.collect_garbage(older_than=age, dry_run=dry_run)
     details = _as_dict(report)
     if _wants_json(ctx, json_flag):
         return _emit_json(details)
@@ -77,9 +83,7 @@ def gc_cmd(
         if len(files) > GC_LISTED_FILES:
             out.print(Text(f"… and {len(files) - GC_LISTED_FILES} more (--json lists them all)", style="dim"))
 
-columns_app = typer.Typer(
-    cls=_Group, help="Feature columns: soft delete, restore, purge.", no_args_is_help=True
-)
+columns_app = sub_app("Feature columns: soft delete, restore, purge.")
 app.add_typer(columns_app, name="columns")
 
 ColumnArg = Annotated[str, typer.Argument(help="Column name.", show_default=False)]
@@ -108,19 +112,23 @@ def columns_purge_cmd(
     ctx: typer.Context,
     table: TableArg,
     name: ColumnArg,
+    grace: Annotated[
+        str, typer.Option("--grace", help="How long it must have been soft-deleted for, e.g. 7d, 12h.")
+    ] = "7d",
     grace_days: Annotated[
-        float, typer.Option("--grace-days", min=0, help="Days it must have been soft-deleted for.")
-    ] = 7.0,
+        Optional[float], typer.Option("--grace-days", min=0, hidden=True, help="Deprecated: --grace 7d.")
+    ] = None,
     json_flag: JsonFlag = False,
 ) -> None:
     """Drop a soft-deleted column from the schema once the grace period is over."""
-    _opts(ctx).lake().table(table).purge_column(name, grace=_dt.timedelta(days=grace_days))
+    period = _dt.timedelta(days=grace_days) if grace_days is not None else parse_duration(grace, "--grace")
+    _opts(ctx).lake().table(table).purge_column(name, grace=period)
     if _wants_json(ctx, json_flag):
         return _emit_json({"operation": "purge_column", "table": table, "column": name})
     _out().print(Text.assemble((f"Purged column {name}", "green"), f" of {table} (compact and gc reclaim its bytes)"))
 
 
-index_app = typer.Typer(cls=_Group, help="The primary-key index: rebuild, verify.", no_args_is_help=True)
+index_app = sub_app("The primary-key index: rebuild, verify.")
 app.add_typer(index_app, name="index")
 
 

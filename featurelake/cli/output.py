@@ -27,7 +27,6 @@ from rich.text import Text
 
 from featurelake.errors import FeatureLakeError
 
-MAX_ERROR_CHARS = 400
 MAX_CELL_CHARS = 48
 MAX_WIDE_CELL_CHARS = 160
 
@@ -44,14 +43,39 @@ def _err() -> Console:
     return Console(stderr=True, highlight=False)
 
 
-def _print_error(e: BaseException) -> None:
+# The engine's errors name Python arguments; on the command line the same choice is an option.
+_API_TO_CLI = (
+    ("on_unknown='skip'", "--skip-unknown"),
+    ("with_locator=True", "--with-locator"),
+    ("max_bad_file_ratio", "--max-bad-file-ratio"),
+    ("restore_column", "'featurelake columns restore'"),
+)
+
+
+def _error_message(e: BaseException) -> str:
+    """The whole message on one logical line, with API argument names turned into CLI options."""
     message = " ".join(str(e).split()) or type(e).__name__
-    if len(message) > MAX_ERROR_CHARS:  # keep the tail too: parsers put the position there
-        half = MAX_ERROR_CHARS // 2
-        message = f"{message[:half]} … {message[-half:]}"
-    label = type(e).__name__ if isinstance(e, FeatureLakeError) and type(e) is not FeatureLakeError else "error"
-    _err().print(Text.assemble((f"Error ({label}): " if label != "error" else "Error: ", "bold red"), (message, "red")),
-                 soft_wrap=True)
+    for api, cli in _API_TO_CLI:
+        message = message.replace(api, cli)
+    return message
+
+
+def _error_type(e: BaseException) -> str:
+    return type(e).__name__ if isinstance(e, FeatureLakeError) and type(e) is not FeatureLakeError else "error"
+
+
+def _print_error(e: BaseException) -> None:
+    """The error in red on stderr, whole: wrapped at a terminal's width, one line when piped (logs, grep)."""
+    label = _error_type(e)
+    _err().print(
+        Text.assemble((f"Error ({label}): " if label != "error" else "Error: ", "bold red"), (_error_message(e), "red")),
+        soft_wrap=not _stderr_is_terminal(),
+    )
+
+
+def _emit_error_json(e: BaseException) -> None:
+    """The error as JSON on stdout (``--json``): ``{"error": message, "type": class}``."""
+    _emit_json({"error": _error_message(e), "type": type(e).__name__})
 
 
 class _Progress:

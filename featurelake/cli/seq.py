@@ -9,17 +9,14 @@ from __future__ import annotations
 import datetime as _dt
 from typing import Annotated, Any, Optional
 
-import pyarrow as pa
 import typer
 from rich.text import Text
 
-from featurelake.cli.core import MAIN, BranchOpt, JsonFlag, TableArg, _Group, _opts, _wants_json, app
+from featurelake.cli.core import MAIN, BranchOpt, JsonFlag, TableArg, _opts, _wants_json, app, sub_app
 from featurelake.cli.output import CLIError, _emit_json, _out, _print_report, _print_rows, _progress
 
 
-seq_app = typer.Typer(
-    cls=_Group, help="Normalized user sequences: build the serving store, look up, stats.", no_args_is_help=True
-)
+seq_app = sub_app("Normalized user sequences: build the serving store, look up, stats.")
 app.add_typer(seq_app, name="seq")
 
 _SEQ_BUILD_SHOWN = ("build_id", "snapshot_id", "incremental", "users", "events", "chunks", "new_events",
@@ -41,12 +38,24 @@ def seq_build_cmd(
 ) -> None:
     """Build the sequence store for a branch head (sorted files, bulk-loaded; incremental when it can)."""
     st = _opts(ctx).lake().sequence_table(table)
+    existing = {b.build_id for b in st.builds()}
     with _progress(f"Building the sequence store of {table}@{branch}"):
         info = st.build(branch=branch, snapshot_id=snapshot, incremental=not full, chunk_events=chunk_events, force=force)
     report = info.to_dict()
+    reused = info.build_id in existing
     if _wants_json(ctx, json_flag):
-        return _emit_json(report)
-    _print_report(_out(), {k: report[k] for k in _SEQ_BUILD_SHOWN}, title=f"Sequence store of {table}@{branch}")
+        return _emit_json({**report, "reused": reused})
+    out = _out()
+    if reused:
+        out.print(
+            Text(
+                f"Reused build {info.build_id} of snapshot {info.snapshot_id} (created {info.created_at}): "
+                "nothing changed since; --force builds again.",
+                style="yellow",
+            )
+        )
+    title = f"Sequence store of {table}@{branch}" + (" (reused)" if reused else "")
+    _print_report(out, {k: report[k] for k in _SEQ_BUILD_SHOWN}, title=title)
 
 
 @seq_app.command("lookup")
@@ -67,6 +76,8 @@ def seq_lookup_cmd(
     json_flag: JsonFlag = False,
 ) -> None:
     """Show users' events: before a time, projected, the last N, oldest first."""
+    import pyarrow as pa
+
     st = _opts(ctx).lake().sequence_table(table)
     key_type = st.schema.field(st.key).type
     time_type = st.schema.field(st.time).type

@@ -14,9 +14,8 @@ import inspect
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterator, Optional
 
-import pyarrow as pa
 import typer
 from rich.table import Table as RichTable
 from rich.text import Text
@@ -36,9 +35,12 @@ from featurelake.cli.output import (
     _print_write,
     _progress,
 )
-from featurelake.lake import DEFAULT_HOME, Lake
+from featurelake.home import DEFAULT_HOME
 
-READ_BATCH = 8192
+if TYPE_CHECKING:  # pyarrow and the engine load inside the commands: --help and --version stay fast
+    import pyarrow as pa
+
+    from featurelake.lake import Lake
 
 
 @app.command("tables")
@@ -66,13 +68,91 @@ def tables_cmd(ctx: typer.Context, json_flag: JsonFlag = False) -> None:
     _out().print(view)
 
 
+SchemaFileOpt = Annotated[
+    Path,
+    typer.Option(
+        "--schema",
+        "--like",
+        help="A Parquet or Arrow IPC (.arrow, .feather) file whose columns and types the table takes; "
+        "only its schema is read.",
+        exists=True,
+        dir_okay=False,
+        readable=True,
+        resolve_path=True,
+        show_default=False,
+    ),
+]
+
+
+@app.command("create")
+def create_cmd(
+    ctx: typer.Context,
+    table: TableArg,
+    schema_file: SchemaFileOpt,
+    key: Annotated[str, typer.Option("--key", "-k", help="Primary-key column(s), comma-separated.", show_default=False)],
+    partition: Annotated[
+        Optional[list[str]],
+        typer.Option("--partition", "-p", help="A partition transform, e.g. 'day(ts)' or 'bucket(16, user_id)'; repeat for more."),
+    ] = None,
+    sort_by: Annotated[
+        Optional[str], typer.Option("--sort-by", help="Comma-separated sort columns ('-' before a name: descending).")
+    ] = None,
+    json_flag: JsonFlag = False,
+) -> None:
+    """Create a table with the schema of a data file (the lake is created too when it does not exist)."""
+    schema = _schema_of(schema_file)
+    keys = [k.strip() for k in key.split(",") if k.strip()]
+    sort = [c.strip() for c in sort_by.split(",") if c.strip()] if sort_by else []
+    lake = _opts(ctx).lake(create=True)
+    lake.create_table(table, schema, primary_key=keys, partition_by=list(partition or []), sort_by=sort)
+    if _wants_json(ctx, json_flag):
+        return _emit_json(
+            {"operation": "create", "table": table, "columns": schema.names, "primary_key": keys,
+             "partition_by": list(partition or []), "sort_by": sort}
+        )
+    _out().print(
+        Text.assemble((f"Created table {table}", "green"), f" with {len(schema)} column(s), key {', '.join(keys)}"),
+    )
+
+
+def _schema_of(path: Path) -> pa.Schema:
+    """The Arrow schema of a Parquet or Arrow IPC file (reads the footer or header only)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        if path.suffix.lower() in (".arrow", ".feather", ".ipc"):
+            with pa.memory_map(str(path)) as source:
+                return pa.ipc.open_file(source).schema.remove_metadata()
+        return pq.read_schema(path).remove_metadata()
+    except (pa.ArrowException, OSError) as e:
+        raise CLIError(f"cannot read a schema from {path} (a Parquet or Arrow IPC file): {e}") from e
+
+
 @app.command("stats")
 def stats_cmd(ctx: typer.Context, table: TableArg, branch: BranchOpt = MAIN, json_flag: JsonFlag = False) -> None:
-    """Rows, files and bytes of one table's branch head."""
+    """Rows, files and bytes of one table's branch head, and what other engines see of it.
+
+    "final for external readers" is yes when no update file is pending: then any Iceberg
+    reader (DuckDB, Spark, plain pyiceberg) given the metadata location reads the same values
+    as featurelake; otherwise run compact first, or query with 'featurelake sql'.
+    """
     stats = _opts(ctx).lake().table(table).stats(branch=branch)
     if _wants_json(ctx, json_flag):
         return _emit_json(stats)
-    _print_report(_out(), {k: v for k, v in stats.items() if k not in ("table", "branch")}, title=f"{table}@{branch}")
+    out = _out()
+    shown = {k: v for k, v in stats.items() if k not in ("table", "branch", "metadata_location", "final_for_external_readers")}
+    _print_report(out, shown, title=f"{table}@{branch}")
+    final = stats.get("final_for_external_readers")
+    out.print(Text.assemble(("metadata location: ", "bold"), str(stats.get("metadata_location"))))
+    out.print(
+        Text.assemble(
+            ("final for external readers: ", "bold"),
+            ("yes", "green") if final else
+            (f"no: {_count(stats.get('update_files'))} update file(s) pending; other engines read stale values "
+             "until 'featurelake compact' (featurelake read/sql see them)", "yellow"),
+        )
+    )
 
 
 @app.command("snapshots")
@@ -296,7 +376,7 @@ def _first_rows(t: Any, limit: int, kwargs: dict[str, Any]) -> tuple[pa.Table, b
     if limit == 0 or not callable(getattr(t, "batches", None)):
         data = t.read(**kwargs)
         return (data, False) if limit == 0 else (data.slice(0, limit), data.num_rows > limit)
-    stream = t.batches(batch_size=max(min(limit + 1, READ_BATCH), 1), **kwargs)
+    stream = t.batches(**kwargs)  # the engine's batch size: a small limit must not make every read tiny
     got: list[pa.RecordBatch] = []
     count = 0
     try:
@@ -311,11 +391,14 @@ def _first_rows(t: Any, limit: int, kwargs: dict[str, Any]) -> tuple[pa.Table, b
             close()
     if not got:
         return t.read(**kwargs).slice(0, 0), False  # the empty result with its schema
+    import pyarrow as pa
+
     data = pa.Table.from_batches(got)
     return data.slice(0, limit), count > limit
 
 
 def _parquet(path: Path) -> "Any":
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
@@ -325,6 +408,8 @@ def _parquet(path: Path) -> "Any":
 
 
 def _read_parquet(path: Path) -> pa.Table:
+    import pyarrow as pa
+
     pf = _parquet(path)
     try:
         return pf.read()
@@ -333,6 +418,8 @@ def _read_parquet(path: Path) -> pa.Table:
 
 
 def _stream(pf: Any, path: Path, advance: Callable[[int], None]) -> Iterator[pa.RecordBatch]:
+    import pyarrow as pa
+
     try:
         for batch in pf.iter_batches(batch_size=65_536):
             advance(batch.num_rows)
