@@ -31,7 +31,7 @@ from featurelake.read import DEFAULT_BATCH, Scan, parse_filter
 from featurelake.schema import arrow_schema, conform, to_table
 from featurelake.schema import LOCATOR_FILE
 from featurelake.state import STATE_KEY, PlatformState, StateWriter, state_of
-from featurelake.storage import platform_dir
+from featurelake.storage import platform_dir, storage_of
 
 if TYPE_CHECKING:
     from featurelake.lake import Lake
@@ -48,6 +48,7 @@ class Table:
         self.lake = lake
         self.name = name
         self._ice = ice
+        storage_of(ice.io)  # its S3 writes become single PUTs (featurelake.storage)
 
     # ------------------------------------------------------------ identity
     @property
@@ -60,6 +61,7 @@ class Table:
         with storage_errors(f"load {self.name}"):
             ice = self.lake.catalog.load_table(self.name)
         track(ice.io)
+        storage_of(ice.io)
         self._ice = ice
         return ice
 
