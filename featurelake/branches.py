@@ -33,7 +33,7 @@ def _create_ref(table: "Table", name: str, ref: str | int, kind: SnapshotRefType
         raise FeatureLakeError(f"{table.name}@{ref} has no snapshot yet: append data before creating a {kind.value}")
     ms = ice.manage_snapshots()
     (ms.create_branch if kind == SnapshotRefType.BRANCH else ms.create_tag)(snapshot.snapshot_id, name).commit()
-    table.refresh()
+    table._ice = ice  # the commit updated it: no second load
     return snapshot.snapshot_id
 
 
@@ -68,4 +68,4 @@ def drop_ref(table: "Table", name: str, kind: SnapshotRefType = SnapshotRefType.
         raise BranchNotFoundError(f"{table.name} has no {kind.value} {name!r}")
     ms = ice.manage_snapshots()
     (ms.remove_branch(name) if kind == SnapshotRefType.BRANCH else ms.remove_tag(name)).commit()
-    table.refresh()
+    table._ice = ice  # the commit updated it: no second load

@@ -65,6 +65,17 @@ def optimistic(load: Callable[[], IcebergTable], attempt: Callable[[IcebergTable
     raise CommitConflictError(f"{what}: gave up after {attempts} attempts against concurrent writers")
 
 
+def reuse_first(ice: IcebergTable, load: Callable[[], IcebergTable]) -> Callable[[], IcebergTable]:
+    """A loader for :func:`optimistic` that hands out ``ice`` (just loaded by the caller) first
+    and loads afresh only for a retry: commit metadata is not read twice in one operation."""
+    pending = [ice]
+
+    def first_then_load() -> IcebergTable:
+        return pending.pop() if pending else load()
+
+    return first_then_load
+
+
 def delete_quietly(ice: IcebergTable, paths: Iterable[str]) -> None:
     """Best-effort removal of files no commit references (garbage collection gets any left)."""
     delete_quietly_io(ice.io, list(paths))

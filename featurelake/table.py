@@ -19,7 +19,7 @@ from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
 from featurelake import refs
-from featurelake.commit import cleanup_on_failure, optimistic
+from featurelake.commit import cleanup_on_failure, optimistic, reuse_first
 from featurelake.errors import DuplicateKeyError, InvalidArgumentError, SchemaMismatchError
 from featurelake.guard import storage_errors, track
 from featurelake import index
@@ -274,7 +274,7 @@ class Table:
             all_keys = pa.concat_tables(key_parts) if key_parts else None
             if len(key_parts) > 1:
                 check_keys(all_keys, keys)
-            return optimistic(self.refresh, attempt, f"write to {self.name}@{branch}")
+            return optimistic(reuse_first(ice, self.refresh), attempt, f"write to {self.name}@{branch}")
 
     @storage_errors("backfill")
     def backfill(self, data: Any, branch: str = MAIN, on_unknown: str = "error") -> int | None:
@@ -465,13 +465,13 @@ class Table:
             "bytes": data_bytes + update_bytes,
             "snapshots": sum(1 for _ in refs.ancestors(ice.metadata, snapshot)),
             "columns": len(ice.schema().fields),
-            **(self._storage(branch) if snapshot_id is None and snapshot is not None else {}),
+            **(self._storage(branch, ice) if snapshot_id is None and snapshot is not None else {}),
         }
 
-    def _storage(self, branch: str) -> dict[str, int]:
+    def _storage(self, branch: str, ice: IcebergTable | None = None) -> dict[str, int]:
         from featurelake.merge import storage
 
-        return storage(self, branch)
+        return storage(self, branch, ice)
 
     @storage_errors("snapshots")
     def snapshots(self, branch: str = MAIN) -> list[dict[str, Any]]:

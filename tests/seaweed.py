@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -126,6 +127,12 @@ class SeaweedServer:
             out[kind] += int(float(m.group(2)))
         return out
 
+    def bytes_sent(self) -> int:
+        """Bytes the S3 side has sent to clients so far (object bodies read), all buckets."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports['metricsPort']}/metrics", timeout=5) as r:
+            body = r.read().decode()
+        return int(sum(float(v) for v in re.findall(r"^SeaweedFS_s3_bucket_traffic_sent_bytes_total\{[^}]*\} (\S+)$", body, re.M)))
+
     @contextmanager
     def counting(self) -> Iterator[Counter]:
         """Count the S3 requests made inside the block (the yielded Counter is filled at its end).
@@ -234,9 +241,12 @@ def counting_catalog_calls(catalog) -> Iterator[Counter]:
     """Count the calls made on ``catalog`` inside the block, by method (the real methods run).
 
     Each call is one request to a REST catalog (``commit_table`` one POST, ``load_table`` one GET).
+    Only calls from outside the catalog count: a SQL catalog's ``commit_table`` loading the
+    table itself is part of that one call.
     """
     found: Counter = Counter()
     saved = {}
+    depth = threading.local()
     for name in CATALOG_CALLS:
         original = getattr(catalog, name, None)
         if original is None:
@@ -244,8 +254,14 @@ def counting_catalog_calls(catalog) -> Iterator[Counter]:
         saved[name] = catalog.__dict__.get(name)
 
         def counted(*args, _name=name, _original=original, **kwargs):
-            found[_name] += 1
-            return _original(*args, **kwargs)
+            level = getattr(depth, "level", 0)
+            if level == 0:
+                found[_name] += 1
+            depth.level = level + 1
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                depth.level = level
 
         setattr(catalog, name, counted)
     try:
