@@ -36,11 +36,10 @@ def _create_ref(table: "Table", name: str, ref: str | int, kind: SnapshotRefType
             raise FeatureLakeError(f"{table.name}@{ref} has no snapshot yet: append data before creating a {kind.value}")
         sid = snapshot.snapshot_id
         commit_refs(ice, lambda ms: ms.create_branch(sid, name) if kind == SnapshotRefType.BRANCH else ms.create_tag(sid, name))
+        table._ice = ice  # the commit updated it: no second load
         return sid
 
-    sid = optimistic(table.refresh, attempt, f"create {kind.value} {name} of {table.name}")
-    table.refresh()
-    return sid
+    return optimistic(table.refresh, attempt, f"create {kind.value} {name} of {table.name}")
 
 
 def create_branch(table: "Table", name: str, from_ref: str | int = refs.MAIN) -> int:
@@ -74,6 +73,6 @@ def drop_ref(table: "Table", name: str, kind: SnapshotRefType = SnapshotRefType.
         if ref is None or ref.snapshot_ref_type != kind:
             raise BranchNotFoundError(f"{table.name} has no {kind.value} {name!r}")
         commit_refs(ice, lambda ms: ms.remove_branch(name) if kind == SnapshotRefType.BRANCH else ms.remove_tag(name))
+        table._ice = ice  # the commit updated it: no second load
 
     optimistic(table.refresh, attempt, f"drop {kind.value} {name} of {table.name}")
-    table.refresh()

@@ -152,6 +152,17 @@ def _landed(table: IcebergTable, snapshots: list[int], moves: dict[str, int], re
     return None
 
 
+def reuse_first(ice: IcebergTable, load: Callable[[], IcebergTable]) -> Callable[[], IcebergTable]:
+    """A loader for :func:`optimistic` that hands out ``ice`` (just loaded by the caller) first
+    and loads afresh only for a retry: commit metadata is not read twice in one operation."""
+    pending = [ice]
+
+    def first_then_load() -> IcebergTable:
+        return pending.pop() if pending else load()
+
+    return first_then_load
+
+
 def delete_quietly(ice: IcebergTable, paths: Iterable[str]) -> None:
     """Best-effort removal of files no commit references (garbage collection gets any left)."""
     delete_quietly_io(ice.io, list(paths))

@@ -310,8 +310,8 @@ def collect_garbage(lake: "Lake", older_than: timedelta = timedelta(days=3), dry
     loaded: list[tuple[str, "Table", IcebergTable]] = []
     for name in lake.tables():
         try:
-            table = lake.table(name)
-            loaded.append((name, table, table.refresh()))
+            table = lake.table(name)  # loads it: one catalog call per table
+            loaded.append((name, table, table._ice))
         except Exception as e:  # noqa: BLE001 - an unloadable table: its files cannot be told apart
             report.refused[name] = f"cannot be loaded ({type(e).__name__}: {e}); its files are kept"
     unloadable = bool(report.refused)

@@ -5,11 +5,32 @@ there is nothing extra to run, and so the index is versioned with the table.
 Why not pyiceberg: it has no index, and its upsert rewrites whole files.
 
 The index of a snapshot is a set of immutable *segments* listed in that
-snapshot's platform state. A segment is an uncompressed Arrow IPC file sorted
-by key (``k``: the int64 key, or a 64-bit hash of other keys; ``f``: file
-number; ``p``: row position), memory-mapped for lookups, so a batch of keys
-costs a binary search per key per segment: it grows with the batch, not the
-table (the table only adds a log factor and, cold, the pages touched).
+snapshot's platform state. A segment is a Parquet file of entries sorted by
+index key (``k``: the int64 key, or a 64-bit hash of other keys; ``f``: file
+number into the ``files`` list kept in the footer; ``p``: row position).
+
+Layout, for an object store where a request costs ~10-50 ms and bytes cost
+too (see ``_write``):
+
+* **Buckets.** The sorted entries are cut into row groups of ``BUCKET_ROWS``
+  entries; the footer keeps each row group's ``k`` min/max. A bucket is thus
+  a contiguous range of the key space: for hashed keys a range of the hash,
+  i.e. a hash bucket; for integer keys a key range, which keeps the locality
+  of sample ids (appends of growing ids touch one bucket, and a range's keys
+  and positions are nearly consecutive numbers). A probe reads the footer
+  (cached: segments are immutable) and then only the row groups whose range
+  holds one of its keys, in one coalesced ranged read (``pre_buffer``); 10
+  keys read at most 10 buckets of one segment whatever the table's size.
+* **Compression.** ``k`` and ``p`` are DELTA_BINARY_PACKED (sorted keys and
+  in-file positions become deltas of a few bits: dense sample ids cost close
+  to nothing), ``f`` is dictionary/RLE encoded (long runs of one file), all
+  zstd on top; statistics only for ``k``. Measured: the index of a 2M-row,
+  8-column table went from ~38% of the data's bytes (plain int64 + zstd) to
+  under 1%.
+
+Segments written before this layout (one row group without statistics, or an
+Arrow IPC file) stay readable: a row group without statistics spans the
+segment's whole ``[min, max]``, so it is read whole, as before.
 
 Every write adds a segment for the data files it adds. Entries of files that
 are no longer live at a snapshot (rewritten by delete, compaction, revert) are
@@ -17,18 +38,14 @@ simply ignored, so merge, rebase and revert keep the index right by taking the
 union of segment lists. Segments are merged (dropping dead entries) when they
 pile up, and ``rebuild`` makes one from the data alone. Live data files that no
 segment covers (written by another engine) are found by scanning their key
-columns, so lookups are correct even then.
-
-Segments, like every file in the lake, are written once under a fresh name and
-never rewritten. A mapped file that something else truncates would kill the
-process with SIGBUS on the next access, so a cached mapping is used only while
-the file's identity (inode, size, mtime) is unchanged; a changed or damaged
-segment is a CorruptFileError naming it, never a crash.
+columns, so lookups are correct even then; the files a segment covers are in
+its footer, so finding them reads no entries.
 """
 from __future__ import annotations
 
 import json
 import os
+import threading
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Sequence
@@ -47,7 +64,9 @@ if TYPE_CHECKING:
     from pyiceberg.table import Table as IcebergTable
 
 MERGE_AT = 24  # merge segments once a snapshot references this many
-_SEGMENTS = _LRU(64)
+BUCKET_ROWS = 32_768  # entries per row group: a probe reads whole buckets, the footer keeps one range per bucket
+_FOOTERS = _LRU(256)  # path -> _Segment (footer, bucket ranges, open file)
+_BUCKETS = _LRU(1024)  # (path, bucket) -> _Entries
 
 
 def is_exact(key_types: Sequence[pa.DataType]) -> bool:
@@ -86,70 +105,146 @@ class Segment:
         return Segment(d["path"], int(d["rows"]), int(d["min"]), int(d["max"]), bool(d["exact"]))
 
 
+@dataclass(frozen=True)
+class Entries:
+    """Index entries: key ``k`` lives in ``files[f[i]]`` at row ``p[i]``, sorted by ``k``."""
+
+    files: list[str]
+    k: np.ndarray
+    f: np.ndarray
+    p: np.ndarray
+
+
 def _column(table: pa.Table, name: str) -> np.ndarray:
-    """A column as numpy without copying when it is one chunk (memory-mapped stays mapped)."""
+    """A column as numpy without copying when it is one chunk."""
     col = table.column(name)
     chunk = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
     return chunk.to_numpy(zero_copy_only=False)
 
 
-def _local(path: str) -> str | None:
-    """The local filesystem path of a lake path, or None for an object store."""
-    if path.startswith("file://"):
-        return path.removeprefix("file://")
-    return None if "://" in path else path
+def _corrupt(path: str, e: BaseException) -> CorruptFileError:
+    return CorruptFileError(f"key index segment {path} is missing or unreadable ({e}); rebuild it with rebuild_index()", path)
 
 
-def _identity(local: str) -> tuple[int, int, int]:
-    st = os.stat(local)
+_READ_ERRORS = (OSError, ValueError, KeyError, pa.ArrowException)
+
+
+def _identity(location: str) -> tuple[int, int, int] | None:
+    """(inode, size, mtime) of a local file, None on an object store. Files in the lake are
+    never rewritten; one changed underneath must be re-read (and refused if damaged), never
+    served from a cache or a memory map that would fault with SIGBUS."""
+    local = location.removeprefix("file://") if location.startswith("file://") else (None if "://" in location else location)
+    if local is None:
+        return None
+    try:
+        st = os.stat(local)
+    except OSError:  # deleted: what was read stays valid
+        return None
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-class _Loaded:
-    """A segment's arrays, memory-mapped where the file is local."""
+class _Segment:
+    """An opened segment: its files, the key range of each bucket, and a reader for its buckets."""
 
-    def __init__(self, io: FileIO, path: str) -> None:
-        storage = storage_of(io)
-        local = _local(path)
-        self.identity: tuple[int, int, int] | None = None
+    def __init__(self, io: FileIO, seg: Segment) -> None:
+        self.path = seg.path
+        self.lock = threading.Lock()
+        self.identity = _identity(seg.path)
         try:
-            if local is not None:
-                self.identity = _identity(local)
-            if path.endswith(".arrow"):  # segments written before they were Parquet: memory-mapped
-                table = pa.ipc.open_file(storage.map(path)).read_all()
+            if seg.path.endswith(".arrow"):  # segments written before they were Parquet
+                table = pa.ipc.open_file(storage_of(io).map(seg.path)).read_all()
+                self.parquet = None
+                self.whole = table
+                meta = table.schema.metadata or {}
+                self.lo = np.array([seg.min], np.int64)
+                self.hi = np.array([seg.max], np.int64)
             else:
-                with storage.open(path) as f:
-                    table = pq.read_table(f)
-            meta = table.schema.metadata or {}
+                self.parquet = pq.ParquetFile(storage_of(io).open(seg.path), pre_buffer=True)
+                self.whole = None
+                md = self.parquet.metadata
+                meta = self.parquet.schema_arrow.metadata or {}
+                k_index = self.parquet.schema_arrow.get_field_index("k")
+                lo, hi = [], []
+                for i in range(md.num_row_groups):
+                    stats = md.row_group(i).column(k_index).statistics
+                    has = stats is not None and stats.has_min_max
+                    lo.append(stats.min if has else seg.min)  # older segments: one bucket spanning the segment
+                    hi.append(stats.max if has else seg.max)
+                self.lo = np.array(lo, np.int64)
+                self.hi = np.array(hi, np.int64)
             self.files: list[str] = json.loads(meta[b"files"])
-            self.k = _column(table, "k")
-            self.f = _column(table, "f")
-            self.p = _column(table, "p")
-        except (OSError, pa.ArrowException, KeyError, ValueError) as e:
-            raise CorruptFileError(f"index segment {path} is missing or unreadable ({e}); run rebuild_index", path) from e
-        if self.identity is not None and _identity(local) != self.identity:
-            raise CorruptFileError(f"index segment {path} changed while being read; files in the lake are immutable", path)
+            held = len(self.whole) if self.whole is not None else md.num_rows
+        except _READ_ERRORS as e:
+            raise _corrupt(seg.path, e) from e
+        if held != seg.rows:
+            raise CorruptFileError(f"key index segment {seg.path} holds {held} keys, its state says {seg.rows}; rebuild it with rebuild_index()", seg.path)
 
-    def unchanged(self, path: str) -> bool:
-        """Whether the file is still the one mapped (a rewrite in place would make the mapping fault)."""
-        local = _local(path)
-        if local is None or self.identity is None:
-            return True
-        try:
-            return _identity(local) == self.identity
-        except OSError:  # deleted: the mapping of the unlinked file stays valid
-            return True
+    def unchanged(self) -> bool:
+        return self.identity is None or _identity(self.path) in (None, self.identity)
+
+    def buckets_for(self, sorted_keys: np.ndarray) -> np.ndarray:
+        """The buckets whose key range holds at least one of ``sorted_keys``."""
+        a = np.searchsorted(sorted_keys, self.lo, side="left")
+        b = np.searchsorted(sorted_keys, self.hi, side="right")
+        return np.flatnonzero(b > a)
+
+    def read(self, buckets: Sequence[int]) -> list[Entries]:
+        """The entries of ``buckets`` (cached; the missing ones fetched in one coalesced read)."""
+        out: dict[int, Entries] = {}
+        missing = []
+        for b in buckets:
+            found = _BUCKETS.get((self.path, int(b)))
+            if found is None:
+                missing.append(int(b))
+            else:
+                out[int(b)] = found
+        if missing:
+            try:
+                with self.lock:
+                    if self.whole is not None:
+                        parts = [self.whole]
+                    else:
+                        table = self.parquet.read_row_groups(missing, columns=["k", "f", "p"], use_threads=False)
+                        sizes = [self.parquet.metadata.row_group(b).num_rows for b in missing]
+                        starts = np.concatenate([[0], np.cumsum(sizes)])
+                        parts = [table.slice(int(a), int(n)) for a, n in zip(starts[:-1], sizes)]
+            except _READ_ERRORS as e:
+                raise _corrupt(self.path, e) from e
+            for b, part in zip(missing, parts):
+                entries = Entries(self.files, _column(part, "k"), _column(part, "f"), _column(part, "p"))
+                _BUCKETS.put((self.path, b), entries)
+                out[b] = entries
+        return [out[int(b)] for b in buckets]
+
+    def read_all(self) -> Entries:
+        parts = self.read(range(len(self.lo)))
+        if len(parts) == 1:
+            return parts[0]
+        return Entries(self.files, *(np.concatenate([getattr(e, c) for e in parts]) for c in ("k", "f", "p")))
 
 
-def _load(io: FileIO, path: str, rows: int | None = None) -> _Loaded:
-    """The segment at ``path`` (cached); ``rows``, when known, is checked against its content."""
-    loaded = _SEGMENTS.get(path)
-    if loaded is None or not loaded.unchanged(path):
-        loaded = _Loaded(io, path)
-        _SEGMENTS.put(path, loaded)
-    if rows is not None and len(loaded.k) != rows:
-        raise CorruptFileError(f"index segment {path} holds {len(loaded.k)} keys, its state says {rows}; run rebuild_index", path)
-    return loaded
+def _open(io: FileIO, seg: dict | Segment) -> _Segment:
+    seg = seg if isinstance(seg, Segment) else Segment.of(seg)
+    found = _FOOTERS.get(seg.path)
+    if found is not None and not found.unchanged():
+        for key in [k for k in list(_BUCKETS.items) if k[0] == seg.path]:
+            _BUCKETS.items.pop(key, None)
+        found = None
+    if found is None:
+        found = _Segment(io, seg)
+        _FOOTERS.put(seg.path, found)
+    return found
+
+
+def clear_caches() -> None:
+    """Forget opened segments and cached buckets (tests that damage files on purpose)."""
+    _FOOTERS.items.clear()
+    _BUCKETS.items.clear()
+
+
+def read_segment(io: FileIO, seg: dict) -> Entries:
+    """Every entry of one segment (for merging, checks and tests)."""
+    return _open(io, seg).read_all()
 
 
 def write_segment(io: FileIO, location: str, entries: Iterable[tuple[str, np.ndarray]], exact: bool) -> Segment | None:
@@ -168,26 +263,29 @@ def write_segment(io: FileIO, location: str, entries: Iterable[tuple[str, np.nda
 def _write(io: FileIO, location: str, files: list[str], k: np.ndarray, f: np.ndarray, p: np.ndarray, exact: bool) -> Segment:
     order = np.argsort(k, kind="stable")
     k, f, p = k[order], f[order], p[order]
-    table = pa.table({"k": k, "f": f, "p": p}).replace_schema_metadata({"files": json.dumps(files)})
+    table = pa.table({"k": k, "f": f.astype(np.int32, copy=False), "p": p.astype(np.int64, copy=False)})
+    table = table.replace_schema_metadata({"files": json.dumps(files)})
     path = f"{location.rstrip('/')}/index-{uuid.uuid4().hex}.parquet"
     with storage_of(io).write_new(path) as out:
-        # one row group: each column loads as one contiguous array
-        pq.write_table(table, out, row_group_size=max(len(k), 1), compression="zstd", use_dictionary=False, write_statistics=False)
+        pq.write_table(
+            table, out, row_group_size=BUCKET_ROWS, compression="zstd", use_dictionary=["f"],
+            column_encoding={"k": "DELTA_BINARY_PACKED", "p": "DELTA_BINARY_PACKED"}, write_statistics=["k"],
+        )
     return Segment(path, len(k), int(k[0]), int(k[-1]), exact)
 
 
-def _positions(k: np.ndarray, keys: np.ndarray, seg: Segment) -> np.ndarray:
-    """Insertion points of sorted ``keys`` in the segment's sorted unique keys ``k``.
+def _positions(k: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Insertion points of sorted ``keys`` in a bucket's sorted unique keys ``k``.
 
     Sample ids are mostly dense, so a linear interpolation guess is usually
-    the exact place: one memory access per key instead of a binary search
-    whose cache misses grow with the table. Guesses that miss are searched.
+    the exact place: one memory access per key instead of a binary search.
+    Guesses that miss are searched.
     """
     n = len(k)
-    span = seg.max - seg.min
+    span = int(k[-1]) - int(k[0]) if n else 0
     if n < 1024 or span <= 0:
         return np.searchsorted(k, keys, side="left")
-    guess = ((keys - seg.min).astype(np.float64) * ((n - 1) / span)).astype(np.int64)
+    guess = ((keys - k[0]).astype(np.float64) * ((n - 1) / span)).astype(np.int64)
     np.clip(guess, 0, n - 1, out=guess)
     found = k[guess] == keys
     if found.all():
@@ -197,12 +295,32 @@ def _positions(k: np.ndarray, keys: np.ndarray, seg: Segment) -> np.ndarray:
     return guess
 
 
+def _hits(entries: Entries, keys: np.ndarray, probe_order: np.ndarray, exact: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(entry index, probe row) of every entry matching one of the sorted ``keys``."""
+    k = entries.k
+    if not len(k):
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    inside = (keys >= k[0]) & (keys <= k[-1])
+    keys, probe_order = keys[inside], probe_order[inside]
+    if exact:  # unique keys: a hit is the one key at the insertion point
+        start = _positions(k, keys)
+        hit = k[np.minimum(start, len(k) - 1)] == keys
+        return start[hit], probe_order[hit]
+    start = np.searchsorted(k, keys, side="left")  # hashed keys may collide: every equal key is a candidate
+    counts = np.searchsorted(k, keys, side="right") - start
+    hit = counts > 0
+    counts = counts[hit]
+    firsts = np.cumsum(counts) - counts
+    return np.repeat(start[hit] - firsts, counts) + np.arange(counts.sum()), np.repeat(probe_order[hit], counts)
+
+
 def lookup(io: FileIO, segments: Sequence[dict], probe: np.ndarray, live: set[str]) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
     """Where the index keys ``probe`` live among ``live`` data files.
 
     Returns (probe row, file number, file names, position) for every hit;
     file numbers index the returned names. A key hits more than once only
-    when its hash collides (hashed keys): callers verify those.
+    when its hash collides (hashed keys): callers verify those. Only the
+    buckets holding a probed key are read.
     """
     order = np.argsort(probe)
     sorted_probe = probe[order]
@@ -217,40 +335,36 @@ def lookup(io: FileIO, segments: Sequence[dict], probe: np.ndarray, live: set[st
         if a >= b:
             continue
         keys, probe_order = sorted_probe[a:b], order[a:b]
-        loaded = _load(io, seg.path, seg.rows)
-        if seg.exact:  # unique keys: a hit is the one key at the insertion point
-            start = _positions(loaded.k, keys, seg)
-            hit = loaded.k[start] == keys  # keys lie within [min, max], so start is in range
-            idx, hit_rows = start[hit], probe_order[hit]
-        else:  # hashed keys may collide: every equal key is a candidate
-            start = np.searchsorted(loaded.k, keys, side="left")
-            counts = np.searchsorted(loaded.k, keys, side="right") - start
-            hit = counts > 0
-            counts = counts[hit]
-            firsts = np.cumsum(counts) - counts
-            idx = np.repeat(start[hit] - firsts, counts) + np.arange(counts.sum())
-            hit_rows = np.repeat(probe_order[hit], counts)
-        if not len(idx):
-            continue
-        seg_files = loaded.f[idx]
-        live_mask = np.fromiter((path in live for path in loaded.files), dtype=bool, count=len(loaded.files))
-        keep = live_mask[seg_files]
-        if not keep.any():
+        opened = _open(io, seg)
+        live_mask = np.fromiter((path in live for path in opened.files), dtype=bool, count=len(opened.files))
+        if not live_mask.any():
             continue
         remap = np.cumsum(live_mask) - 1 + len(names)
-        names.extend(path for path, ok in zip(loaded.files, live_mask) if ok)
-        rows.append(hit_rows[keep])
-        file_ids.append(remap[seg_files[keep]].astype(np.int32))
-        positions.append(loaded.p[idx][keep])
+        used = False
+        for entries in opened.read(opened.buckets_for(keys)):
+            idx, hit_rows = _hits(entries, keys, probe_order, seg.exact)
+            if not len(idx):
+                continue
+            seg_files = entries.f[idx]
+            keep = live_mask[seg_files]
+            if not keep.any():
+                continue
+            used = True
+            rows.append(hit_rows[keep])
+            file_ids.append(remap[seg_files[keep]].astype(np.int32))
+            positions.append(entries.p[idx][keep])
+        if used:
+            names.extend(path for path, ok in zip(opened.files, live_mask) if ok)
     if not rows:
         return np.empty(0, np.int64), np.empty(0, np.int32), [], np.empty(0, np.int64)
     return np.concatenate(rows), np.concatenate(file_ids), names, np.concatenate(positions)
 
 
 def covered_files(io: FileIO, segments: Sequence[dict]) -> set[str]:
+    """The data files the segments index (from their footers: no entry is read)."""
     out: set[str] = set()
     for seg in segments:
-        out.update(_load(io, seg["path"]).files)
+        out.update(_open(io, seg).files)
     return out
 
 
@@ -268,7 +382,7 @@ def merge(
     if exact is None:
         exact = all(bool(s["exact"]) for s in segments)
     for seg in segments:
-        loaded = _load(io, seg["path"])
+        loaded = read_segment(io, seg)
         remap = np.full(len(loaded.files), -1, dtype=np.int32)
         for i, path in enumerate(loaded.files):
             if path in live and path not in files:
@@ -309,7 +423,7 @@ def file_keys(ice: "IcebergTable", paths: Iterable[str], key_columns: Sequence[s
     return [(path, encode(read_key_columns(ice, path, key_columns))) for path in paths]
 
 
-__all__ = ["Segment", "encode", "is_exact", "write_segment", "lookup", "merge", "covered_files", "file_keys", "MERGE_AT"]
+__all__ = ["Segment", "Entries", "encode", "is_exact", "write_segment", "read_segment", "lookup", "merge", "covered_files", "file_keys", "MERGE_AT", "BUCKET_ROWS"]
 
 
 def location_of(ice: "IcebergTable") -> str:
@@ -336,9 +450,9 @@ def extend(ice: "IcebergTable", writer, new_files: Sequence[str], key_columns: S
 def rebuild(table, branch: str = "main") -> dict:
     """Replace a branch's index by one segment built from its data files (a metadata-only commit)."""
     from featurelake import refs
-    from featurelake.commit import commit, optimistic
+    from featurelake.commit import optimistic
     from featurelake.merge import snapshot_files
-    from featurelake.state import StateWriter, summary_props
+    from featurelake.state import STATE_KEY, StateWriter
 
     def attempt(ice) -> dict:
         head = refs.branch_head(ice.metadata, branch)
@@ -349,10 +463,11 @@ def rebuild(table, branch: str = "main") -> dict:
         seg = write_segment(ice.io, location_of(ice), file_keys(ice, live, keys), key_is_exact(ice.schema(), keys))
         writer = StateWriter(table._state(ice, head), ice.io, table._platform_dir(ice))
         writer.replace_index_segments([seg.as_dict()] if seg else [])
-        props = {**summary_props(ice.io, writer.write()), "featurelake.operation": "index rebuild"}
+        props = {STATE_KEY: writer.write(), "featurelake.operation": "index rebuild"}
         tx = ice.transaction()
         tx.update_snapshot(snapshot_properties=props, branch=branch).fast_append().commit()
-        return {"branch": branch, "rows": seg.rows if seg else 0, "files": len(live), "snapshot_id": commit(tx, branch)}
+        new = tx.commit_transaction()
+        return {"branch": branch, "rows": seg.rows if seg else 0, "files": len(live), "snapshot_id": new.metadata.refs[branch].snapshot_id}
 
     return optimistic(table.refresh, attempt, f"rebuild index of {table.name}@{branch}")
 
@@ -407,7 +522,7 @@ def _duplicate_entries(io: FileIO, segments: Sequence[dict], live: set[str]) -> 
     file_ids: dict[str, int] = {}
     parts = []
     for seg in segments:
-        loaded = _load(io, seg["path"])
+        loaded = read_segment(io, seg)
         ids = np.array([file_ids.setdefault(path, len(file_ids)) if path in live else -1 for path in loaded.files], dtype=np.int64)
         f = ids[loaded.f]
         keep = f >= 0

@@ -343,9 +343,12 @@ def diff(table: "Table", branch: str, against: str = refs.MAIN) -> dict[str, Any
     }
 
 
-def storage(table: "Table", branch: str) -> dict[str, int]:
-    """Bytes ``branch`` references alone (what dropping it frees) versus shared with other refs."""
-    ice = table.refresh()
+def storage(table: "Table", branch: str, ice: IcebergTable | None = None) -> dict[str, int]:
+    """Bytes ``branch`` references alone (what dropping it frees) versus shared with other refs.
+
+    ``ice``: the table as the caller already loaded it (one catalog load per operation).
+    """
+    ice = ice or table.refresh()
     meta = ice.metadata
 
     def referenced(snap: Snapshot | None) -> dict[str, int]:

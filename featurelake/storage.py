@@ -18,11 +18,20 @@ A canonical URI is for comparison and reports; to act on a listed file use
 its :class:`StoredFile`.
 
 Files are immutable: :meth:`Storage.write_new` never replaces an existing file.
+
+Requests: on an object store each request costs ~10-50 ms, so the S3
+filesystems of a FileIO are opened with ``allow_delayed_open``: a file smaller
+than one upload part is written with a single PUT instead of a multipart
+upload's three requests (create, part, complete). The filesystem is rebuilt
+from the FileIO's own (its ``__reduce__`` arguments), so its configuration is
+the catalog's and nothing else, and pyiceberg's own writes through that FileIO
+(data files, manifests) get the same saving.
 """
 from __future__ import annotations
 
 import threading
 import weakref
+from functools import lru_cache
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
@@ -68,6 +77,7 @@ class Storage:
         # through pyarrow with exactly those, never through defaults.
         self.io = io if isinstance(io, PyArrowFileIO) else PyArrowFileIO(dict(io.properties))
         self.origin = io
+        _delay_s3_opens(self.io)
 
     # ----------------------------------------------------------- locations
     def resolve(self, location: str) -> tuple[str, pafs.FileSystem, str]:
@@ -170,6 +180,32 @@ class Storage:
             return
         _, fs, path = self.resolve(target)
         fs.delete_file(path)
+
+
+def _delay_s3_opens(io: PyArrowFileIO) -> None:
+    """Make ``io`` build its S3 filesystems with ``allow_delayed_open`` (see the module docstring).
+
+    Only the instance's ``fs_by_scheme`` cache is replaced: pickling a FileIO drops it and
+    an unpickled copy builds plain filesystems again (correct, with multipart uploads).
+    """
+    if getattr(io.fs_by_scheme, "_featurelake_delayed", False):
+        return
+    initialize = io._initialize_fs
+
+    def delayed(scheme: str, netloc: str | None = None) -> pafs.FileSystem:
+        fs = initialize(scheme, netloc)
+        if isinstance(fs, pafs.S3FileSystem):
+            rebuild, (options,) = fs.__reduce__()
+            if not options.get("allow_delayed_open"):
+                fs = rebuild({**options, "allow_delayed_open": True})
+        return fs
+
+    cached = lru_cache(delayed)
+    cached._featurelake_delayed = True  # type: ignore[attr-defined]
+    try:
+        io.fs_by_scheme = cached
+    except (AttributeError, TypeError):  # a FileIO that refuses attributes keeps its multipart uploads
+        pass
 
 
 def _uri(scheme: str, path: str) -> str:

@@ -19,7 +19,7 @@ from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
 from featurelake import refs
-from featurelake.commit import cleanup_on_failure, commit, optimistic
+from featurelake.commit import cleanup_on_failure, commit, optimistic, reuse_first
 from featurelake.errors import DuplicateKeyError, InvalidArgumentError, SchemaMismatchError
 from featurelake.guard import storage_errors, track
 from featurelake import index
@@ -31,7 +31,7 @@ from featurelake.read import DEFAULT_BATCH, Scan, parse_filter
 from featurelake.schema import arrow_schema, conform, is_arrow_stream, to_table
 from featurelake.schema import LOCATOR_FILE
 from featurelake.state import STATE_KEY, PlatformState, StateWriter, state_of, summary_props
-from featurelake.storage import platform_dir
+from featurelake.storage import platform_dir, storage_of
 
 if TYPE_CHECKING:
     from featurelake.lake import Lake
@@ -48,6 +48,7 @@ class Table:
         self.lake = lake
         self.name = name
         self._ice = ice
+        storage_of(ice.io)  # its S3 writes become single PUTs (featurelake.storage)
 
     # ------------------------------------------------------------ identity
     @property
@@ -60,6 +61,7 @@ class Table:
         with storage_errors(f"load {self.name}"):
             ice = self.lake.catalog.load_table(self.name)
         track(ice.io)
+        storage_of(ice.io)
         self._ice = ice
         return ice
 
@@ -302,7 +304,7 @@ class Table:
             all_keys = pa.concat_tables(key_parts) if key_parts else None
             if len(key_parts) > 1:
                 check_keys(all_keys, keys)
-            return optimistic(self.refresh, attempt, f"write to {self.name}@{branch}")
+            return optimistic(reuse_first(ice, self.refresh), attempt, f"write to {self.name}@{branch}")
 
     @storage_errors("backfill")
     def backfill(self, data: Any, branch: str = MAIN, on_unknown: str = "error") -> int | None:
@@ -496,13 +498,13 @@ class Table:
             # what engines reading the Iceberg metadata directly get: final only without pending update files
             "metadata_location": ice.metadata_location,
             "final_for_external_readers": not any(layers.values()),
-            **(self._storage(branch) if snapshot_id is None and snapshot is not None else {}),
+            **(self._storage(branch, ice) if snapshot_id is None and snapshot is not None else {}),
         }
 
-    def _storage(self, branch: str) -> dict[str, int]:
+    def _storage(self, branch: str, ice: IcebergTable | None = None) -> dict[str, int]:
         from featurelake.merge import storage
 
-        return storage(self, branch)
+        return storage(self, branch, ice)
 
     @storage_errors("snapshots")
     def snapshots(self, branch: str = MAIN) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ candidate files) or, when the input carries ``_file`` and ``_pos`` from
 from __future__ import annotations
 
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
     from featurelake.table import Table
 
 OnUnknown = Literal["error", "skip"]
+WRITE_THREADS = 8  # update files written at once by one commit (object-store latency, not CPU, is the limit)
 
 
 @dataclass
@@ -279,16 +281,30 @@ def stage_update_files(
     field_ids = tuple(schema.find_field(c).field_id for c in columns)
     sizes = {p: f.record_count for p, f in snapshot_files(ice, head).items()}
     seq = writer.take_seq()
-    total_bytes = files = 0
+    jobs = []
     for data_file, group in groups if groups is not None else _groups(rows):
-        dense = group.num_rows == sizes[data_file]
         path = f"{table._update_dir(ice)}/{snapshot_id}-{uuid.uuid4().hex[:12]}.parquet"
-        size = write_update_file(ice, path, group, target, None if dense else group.column(LOCATOR_POS).combine_chunks())
-        written.append(path)
+        written.append(path)  # named before its bytes exist: a failure anywhere deletes it
+        jobs.append((data_file, group, path, group.num_rows == sizes[data_file]))
+
+    def write(job) -> int:
+        data_file, group, path, dense = job
+        return write_update_file(ice, path, group, target, None if dense else group.column(LOCATOR_POS).combine_chunks())
+
+    # Parquet encoding and the upload release the GIL: the files of one commit are written
+    # in parallel. Every write has finished (or failed) before this returns or raises.
+    if len(jobs) > 1:
+        with ThreadPoolExecutor(max_workers=min(WRITE_THREADS, len(jobs))) as pool:
+            futures = [pool.submit(write, job) for job in jobs]
+        errors = [f.exception() for f in futures if f.exception() is not None]
+        if errors:
+            raise errors[0]
+        sizes_written = [f.result() for f in futures]
+    else:
+        sizes_written = [write(job) for job in jobs]
+    for (data_file, group, path, dense), size in zip(jobs, sizes_written):
         writer.add(UpdateEntry(data_file, path, seq, field_ids, dense, group.num_rows, size, snapshot_id))
-        total_bytes += size
-        files += 1
-    return files, total_bytes
+    return len(jobs), sum(sizes_written)
 
 
 def apply_column_updates(

@@ -9,16 +9,21 @@ the caller owns, so parallel test sessions never share a server. Stop it with
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 ACCESS_KEY = "featurelake-test"
 SECRET_KEY = "featurelake-secret-key"
@@ -101,6 +106,53 @@ class SeaweedServer:
             scheme="http", region=REGION, force_virtual_addressing=False,
         )
 
+    # ------------------------------------------------------------ requests
+    def request_counts(self) -> Counter:
+        """S3 requests the server has answered so far, by kind, from its own Prometheus counters.
+
+        SeaweedFS counts ``SeaweedFS_s3_request_total{type, code}`` on its metrics
+        port: an independent, real count (no client hook). Kinds: ``GET`` (whole
+        object; SeaweedFS files a HEAD under GET too), ``GET_RANGE`` (status 206:
+        a ranged read), ``PUT``, ``POST`` (multipart create/complete, batch
+        delete), ``LIST``, ``DELETE``.
+        """
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports['metricsPort']}/metrics", timeout=5) as r:
+            body = r.read().decode()
+        out: Counter = Counter()
+        for m in re.finditer(r"^SeaweedFS_s3_request_total\{([^}]*)\} (\S+)$", body, re.M):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+            kind = labels.get("type", "?")
+            if kind == "GET" and labels.get("code") == "206":
+                kind = "GET_RANGE"
+            out[kind] += int(float(m.group(2)))
+        return out
+
+    def bytes_sent(self) -> int:
+        """Bytes the S3 side has sent to clients so far (object bodies read), all buckets."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports['metricsPort']}/metrics", timeout=5) as r:
+            body = r.read().decode()
+        return int(sum(float(v) for v in re.findall(r"^SeaweedFS_s3_bucket_traffic_sent_bytes_total\{[^}]*\} (\S+)$", body, re.M)))
+
+    @contextmanager
+    def counting(self) -> Iterator[Counter]:
+        """Count the S3 requests made inside the block (the yielded Counter is filled at its end).
+
+        The server updates a counter just after it answers, so the end waits
+        until two readings 50 ms apart agree.
+        """
+        before = self.request_counts()
+        found: Counter = Counter()
+        yield found
+        after = self.request_counts()
+        for _ in range(40):
+            time.sleep(0.05)
+            again = self.request_counts()
+            if again == after:
+                break
+            after = again
+        found.update(after - before)
+        found["total"] = sum(v for k, v in found.items() if k != "total")
+
     def start(self, timeout: float = 60.0) -> "SeaweedServer":
         binary = weed_binary()
         if binary is None:
@@ -179,3 +231,44 @@ class SeaweedServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+CATALOG_CALLS = ("load_table", "commit_table", "table_exists", "create_table", "list_tables", "drop_table", "purge_table", "list_namespaces", "load_namespace_properties")
+
+
+@contextmanager
+def counting_catalog_calls(catalog) -> Iterator[Counter]:
+    """Count the calls made on ``catalog`` inside the block, by method (the real methods run).
+
+    Each call is one request to a REST catalog (``commit_table`` one POST, ``load_table`` one GET).
+    Only calls from outside the catalog count: a SQL catalog's ``commit_table`` loading the
+    table itself is part of that one call.
+    """
+    found: Counter = Counter()
+    saved = {}
+    depth = threading.local()
+    for name in CATALOG_CALLS:
+        original = getattr(catalog, name, None)
+        if original is None:
+            continue
+        saved[name] = catalog.__dict__.get(name)
+
+        def counted(*args, _name=name, _original=original, **kwargs):
+            level = getattr(depth, "level", 0)
+            if level == 0:
+                found[_name] += 1
+            depth.level = level + 1
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                depth.level = level
+
+        setattr(catalog, name, counted)
+    try:
+        yield found
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                delattr(catalog, name)
+            else:
+                setattr(catalog, name, value)

@@ -241,7 +241,7 @@ def test_concurrent_upserting_processes(tmp_path):
 
 @pytest.mark.parametrize("layout", ["dense", "gaps", "clustered"])
 def test_index_positions_match_binary_search(layout):
-    from featurelake.index import Segment, _positions
+    from featurelake.index import _positions
 
     rng = np.random.default_rng(3)
     if layout == "dense":
@@ -250,11 +250,10 @@ def test_index_positions_match_binary_search(layout):
         k = np.unique(rng.integers(0, 10**9, 50_000)).astype(np.int64)
     else:
         k = np.unique(np.concatenate([rng.integers(0, 1000, 20_000), rng.integers(10**12, 10**12 + 5000, 4000)])).astype(np.int64)
-    seg = Segment("x", len(k), int(k[0]), int(k[-1]), True)
     present = np.sort(rng.choice(k, 3000, replace=False))
     absent = np.sort(rng.integers(k[0], k[-1], 3000))
     for keys in (present, absent):
-        assert np.array_equal(_positions(k, keys, seg), np.searchsorted(k, keys)), layout
+        assert np.array_equal(_positions(k, keys), np.searchsorted(k, keys)), layout
 
 
 def test_lookups_in_a_table_with_sparse_keys(lake):

@@ -366,7 +366,7 @@ def _damaged_lake(tmp_path) -> tuple[Path, Lake]:
 def _clear_caches():
     from featurelake import index, merge, state
 
-    index._SEGMENTS.items.clear()
+    index.clear_caches()
     state._ROOT_CACHE.items.clear()
     state._SHARD_CACHE.items.clear()
     merge._FILES_CACHE.clear()

@@ -1,0 +1,218 @@
+"""Requests per operation on an object store (SeaweedFS S3 + Iceberg REST), wall time against plain pyiceberg there, and index size.
+
+One SeaweedFS ``weed mini`` (tests/seaweed.py) serves S3 and the REST catalog on
+127.0.0.1. S3 requests are SeaweedFS's own counters (``SeaweedFS_s3_request_total``:
+GET, ranged GET, PUT, POST, LIST, DELETE; HEADs are filed as GET); catalog calls
+are counted on the catalog object (one REST request each).
+
+* Requests per operation against its *floor*: the data files (and update files)
+  the operation must read or write, plus one commit. Goal: within 2x of the
+  floor, and upsert requests flat with table size.
+* Wall time on SeaweedFS against plain pyiceberg doing the same job: append,
+  a 5-column scan, a one-column backfill (pyiceberg: copy-on-write overwrite
+  of the table) and an upsert of 10k keys (pyiceberg ``Table.upsert``).
+* Index bytes as a share of data bytes for 10- and 100-column tables.
+
+Table: the upsert benchmark's narrow 8-column table (``sample_id``, ``ts``
+partitioned by day, ``user_id``, four float features, ``label``). Sizes: 1M and
+4M rows (the brief's 10M scaled down so the run takes minutes on 2 cores);
+--quick: ``--rows`` and 4x that.
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from collections import Counter
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from benchmarks.common import Config, build_wide_table, fmt_s, goal, print_goals, ratio, work_dir, write_result
+from benchmarks.upsert import SCHEMA, chunks, upsert_batch
+
+NAME = "requests"
+DEFAULT_REPEAT = 1
+READ_COLUMNS = ["sample_id", "user_id", "f0", "f1", "label"]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+
+def _counted(server, catalog, fn: Callable[[], Any]) -> tuple[dict[str, int], float, Any]:
+    from seaweed import counting_catalog_calls
+
+    t0 = time.perf_counter()
+    with server.counting() as s3, counting_catalog_calls(catalog) as calls:
+        result = fn()
+    seconds = time.perf_counter() - t0
+    out = {k: v for k, v in s3.items() if k != "total"}
+    out["catalog"] = sum(calls.values())
+    out["total"] = s3["total"] + out["catalog"]
+    return out, seconds, result
+
+
+def _entry(name: str, counts: dict[str, int], floor: int, seconds: float, **extra: Any) -> dict[str, Any]:
+    return {"operation": name, "requests": counts, "floor": floor, "x_floor": ratio(counts["total"], floor), "seconds": round(seconds, 3), **extra}
+
+
+def _files(t) -> int:
+    return t.stats()["data_files"]
+
+
+def _featurelake_ops(server, lake, rows: int, keys: int, seed: int, with_all: bool) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Requests of each operation on a fresh ``rows``-row table; the last ones only when ``with_all``."""
+    ops, times = [], {}
+    t = lake.create_table(f"bench.r{rows}", SCHEMA, primary_key="sample_id", partition_by=["day(ts)"])
+    parts = list(chunks(rows, seed))
+    for i, part in enumerate(parts):
+        counts, seconds, _ = _counted(server, lake.catalog, lambda: t.append(part))
+        if i == 0:
+            added = _files(t)
+            times["append"] = seconds
+            ops.append(_entry("append", counts, added + 1, seconds, rows=part.num_rows, data_files_written=added))
+    files = _files(t)
+    batch = upsert_batch(rows, 0, seed, keys=keys)
+    counts, seconds, _ = _counted(server, lake.catalog, lambda: t.upsert(batch))
+    report = t.last_update_report
+    new_files = _files(t) - files
+    times["upsert"] = seconds
+    ops.append(_entry("upsert", counts, report.update_files + new_files + 1, seconds, keys=keys, table_rows=rows,
+                      update_files=report.update_files, data_files_written=new_files))
+    if not with_all:
+        return ops, times
+    ids = t.read(columns=["sample_id"])
+    values = pa.table({"sample_id": ids["sample_id"], "f1": pc.multiply(pc.cast(ids["sample_id"], pa.float32()), pa.scalar(0.5, pa.float32()))})
+    counts, seconds, _ = _counted(server, lake.catalog, lambda: t.backfill(values))
+    report = t.last_update_report
+    times["backfill"] = seconds
+    ops.append(_entry("backfill one column", counts, report.update_files + 1, seconds, rows=values.num_rows,
+                      update_files=report.update_files))
+    stats = t.stats()
+    counts, seconds, got = _counted(server, lake.catalog, lambda: t.read(columns=READ_COLUMNS))
+    times["read"] = seconds
+    ops.append(_entry("read 5 columns", counts, stats["data_files"] + stats["update_files"] + 1, seconds, rows=got.num_rows))
+    counts, seconds, rep = _counted(server, lake.catalog, lambda: t.compact())
+    after = t.stats()
+    touched = stats["data_files"] + stats["update_files"] + after["data_files"]
+    ops.append(_entry("compact", counts, touched + 1, seconds, files_read=stats["data_files"] + stats["update_files"], files_written=after["data_files"]))
+    t.expire_snapshots(datetime.now() + timedelta(seconds=1), retain_last=1)
+    counts, seconds, gc = _counted(server, lake.catalog, lambda: lake.collect_garbage(older_than=timedelta(0)))
+    deleted = len(gc.files)
+    ops.append(_entry("gc", counts, deleted + 1, seconds, files_deleted=deleted))
+    return ops, times
+
+
+def _pyiceberg_times(lake, rows: int, keys: int, seed: int) -> dict[str, float]:
+    """The same jobs with plain pyiceberg on the same catalog and store."""
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.transforms import DayTransform
+
+    times: dict[str, float] = {}
+    catalog = lake.catalog
+    schema = SCHEMA
+    from pyiceberg.io.pyarrow import pyarrow_to_schema
+    from pyiceberg.schema import Schema
+    from pyiceberg.table.name_mapping import MappedField, NameMapping
+
+    mapping = NameMapping([MappedField(field_id=i + 1, names=[f.name]) for i, f in enumerate(schema)])
+    ice_schema: Schema = pyarrow_to_schema(schema, name_mapping=mapping)
+    spec = PartitionSpec(PartitionField(source_id=ice_schema.find_field("ts").field_id, field_id=1000, transform=DayTransform(), name="ts_day"))
+    tbl = catalog.create_table(f"bench.plain{rows}", schema=ice_schema, partition_spec=spec)
+    for i, part in enumerate(chunks(rows, seed)):
+        t0 = time.perf_counter()
+        tbl.append(part)
+        if i == 0:
+            times["append"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    got = tbl.scan(selected_fields=tuple(READ_COLUMNS)).to_arrow()
+    times["read"] = time.perf_counter() - t0
+    assert got.num_rows == rows
+    t0 = time.perf_counter()  # copy-on-write backfill: read everything, set the column, overwrite
+    full = tbl.scan().to_arrow()
+    i = full.column_names.index("f1")
+    full = full.set_column(i, full.schema.field(i), pc.multiply(pc.cast(full["sample_id"], pa.float32()), pa.scalar(0.5, pa.float32())))
+    tbl.overwrite(full)
+    times["backfill"] = time.perf_counter() - t0
+    batch = upsert_batch(rows, 0, seed, keys=keys)
+    t0 = time.perf_counter()
+    target = tbl.schema().as_arrow()  # pyiceberg's upsert wants whole rows: absent columns are null
+    full = pa.Table.from_arrays(
+        [batch[f.name].cast(f.type) if f.name in batch.column_names else pa.nulls(batch.num_rows, f.type) for f in target],
+        schema=target,
+    )
+    tbl.upsert(full, join_cols=["sample_id"])
+    times["upsert"] = time.perf_counter() - t0
+    return times
+
+
+def _index_share(root: Path, cfg: Config, columns: int, rows: int) -> dict[str, Any]:
+    from featurelake import Lake
+    from featurelake.storage import table_storage
+
+    lake = Lake(root / f"local{columns}")
+    sub = Config(rows=rows, columns=columns, files=max(1, rows // 250_000), seed=cfg.seed)
+    t = build_wide_table(lake, f"bench.w{columns}", sub)
+    ice = t.refresh()
+    segments = t._state(ice, ice.current_snapshot()).index_segments
+    index_bytes = sum(table_storage(ice).size(s["path"]) for s in segments)
+    data_bytes = t.stats()["data_bytes"]
+    return {"columns": columns, "rows": rows, "index_bytes": index_bytes, "data_bytes": data_bytes, "share": round(index_bytes / data_bytes, 5)}
+
+
+def run(cfg: Config) -> dict[str, Any]:
+    from featurelake import Lake
+    from seaweed import SeaweedServer
+
+    cfg = cfg.started()
+    sizes = [cfg.rows, 4 * cfg.rows] if cfg.quick else [1_000_000, 4_000_000]
+    keys = min(10_000, max(10, sizes[0] // 20))
+    with work_dir(NAME, cfg.keep) as root:
+        server = SeaweedServer(root / "seaweed").start()
+        try:
+            lake = Lake.from_uri(server.catalog_uri, server.warehouse, **server.catalog_properties())
+            lake.catalog.create_namespace("bench")
+            per_size, fl_times = {}, {}
+            for n, rows in enumerate(sizes):
+                ops, times = _featurelake_ops(server, lake, rows, keys, cfg.seed, with_all=(n == 0))
+                per_size[rows] = ops
+                if n == 0:
+                    fl_times = times
+                for op in ops:
+                    print(f"  {rows:>11,} rows  {op['operation']:<20} {op['requests']['total']:>5} requests (floor {op['floor']}, {op['x_floor']}x)  {fmt_s(op['seconds'])}")
+            pi_times = _pyiceberg_times(lake, sizes[0], keys, cfg.seed)
+            print(f"  wall time at {sizes[0]:,} rows, featurelake vs pyiceberg: "
+                  + ", ".join(f"{k} {fmt_s(fl_times[k])} vs {fmt_s(pi_times[k])}" for k in pi_times))
+        finally:
+            server.stop()
+            shutil.rmtree(root / "seaweed", ignore_errors=True)
+        shares = [_index_share(root, cfg, 10, min(sizes[0], 1_000_000)), _index_share(root, cfg, 100, min(sizes[0], 200_000))]
+    for s in shares:
+        print(f"  index / data bytes, {s['columns']} columns: {s['share']:.2%}")
+    first = per_size[sizes[0]]
+    upserts = {rows: next(o for o in ops if o["operation"] == "upsert")["requests"]["total"] for rows, ops in per_size.items()}
+    speed = {k: ratio(pi_times[k], fl_times[k]) for k in pi_times}
+    goals = [goal(f"{o['operation']} requests vs floor at {sizes[0]:,} rows", o["x_floor"], 2.0, higher_is_better=False) for o in first]
+    goals += [
+        goal(f"upsert requests {sizes[1]:,} vs {sizes[0]:,} rows", ratio(upserts[sizes[1]], upserts[sizes[0]]), 1.0, higher_is_better=False),
+        goal("read at least as fast as pyiceberg", speed["read"], 1.0),
+        goal("backfill faster than pyiceberg copy-on-write", speed["backfill"], 10.0),
+        goal("upsert faster than pyiceberg upsert", speed["upsert"], 10.0),
+        goal("index share of data bytes, 10 columns", shares[0]["share"], 0.10, higher_is_better=False, unit=""),
+        goal("index share of data bytes, 100 columns", shares[1]["share"], 0.02, higher_is_better=False, unit=""),
+    ]
+    print_goals(goals)
+    result = {
+        "description": __doc__.splitlines()[0],
+        "sizes": sizes,
+        "upsert_keys": keys,
+        "requests": {str(rows): ops for rows, ops in per_size.items()},
+        "wall_time_s": {"rows": sizes[0], "featurelake": {k: round(v, 3) for k, v in fl_times.items()}, "pyiceberg": {k: round(v, 3) for k, v in pi_times.items()}},
+        "speedup_vs_pyiceberg": speed,
+        "index_share": shares,
+        "goals": goals,
+    }
+    write_result(NAME, cfg, result)
+    return result
