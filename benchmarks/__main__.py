@@ -33,6 +33,7 @@ REGISTRY: dict[str, str] = {
     "maintenance": "benchmarks.maintenance",
     "sequences": "benchmarks.sequences",
     "training": "benchmarks.training",
+    "placement": "benchmarks.placement",
 }
 
 
