@@ -33,6 +33,7 @@ ui: setup
 	$(VENV)/bin/dagster dev -w workspace.yaml
 
 bench: setup
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev,bench]"
 	$(PY) -m benchmarks
 
 clean:

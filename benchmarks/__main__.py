@@ -34,6 +34,7 @@ REGISTRY: dict[str, str] = {
     "sequences": "benchmarks.sequences",
     "training": "benchmarks.training",
     "requests": "benchmarks.requests",
+    "placement": "benchmarks.placement",
 }
 
 

@@ -105,6 +105,8 @@ def run(cfg: Config) -> dict[str, Any]:
                 k += 1
                 layers.append(add_layer(t, k, cfg.rows, rng))
             checkpoints.append(_measure(t, k, projection, cfg))
+            if target == 0:
+                peer = peers(t, cfg)
             cp = checkpoints[-1]
             print(
                 f"  {k:>2} layers: featurelake {fmt_rate(cp['full']['featurelake']['rows_per_s'])}"
@@ -116,6 +118,15 @@ def run(cfg: Config) -> dict[str, Any]:
         by_layers = {cp["layers"]: cp for cp in checkpoints}
         five = by_layers.get(5)
         goals = []
+        for mode in ("full", "projected", "streaming"):
+            if mode in peer:
+                goals.append(goal(f"{mode}: featurelake / pyarrow dataset on the same files (paired)",
+                                  peer[mode]["featurelake_over_pyarrow_paired"], 1.0))
+                if mode != "full":
+                    goals.append(goal(f"{mode}: featurelake / Lance (paired)", peer[mode]["featurelake_over_lance_paired"], 0.8))
+        if five:
+            goals.append(goal("5-layer read / compacted read (throughput, projected, paired median)",
+                              five["ratios"]["layered_over_compacted_projected_paired"], 0.8))
         if five:
             goals.append(goal("5-layer read / compacted read (throughput, full table, paired median)", five["ratios"]["layered_over_compacted_full_paired"], GOAL_LAYERED))
         for cp in checkpoints:
@@ -141,6 +152,7 @@ def run(cfg: Config) -> dict[str, Any]:
         "description": __doc__.strip().splitlines()[0],
         "projection": projection,
         "layers": layers,
+        "peers": peer,
         "checkpoints": checkpoints,
         "goals": goals,
         "notes": [
@@ -234,6 +246,60 @@ def _measure(t, layers: int, projection: list[str], cfg: Config) -> dict[str, An
     return cp
 
 
+PEER_COLUMNS = 5
+
+
+def peers(t, cfg: Config) -> dict[str, Any]:
+    """featurelake vs Lance vs a pyarrow dataset scan of the same Parquet files (the floor), side by side.
+
+    Lance gets the same rows (written once with ``lance.write_dataset``). Three
+    reads: the full table, a 5-column projection, and streaming those 5 columns.
+    """
+    import pyarrow.dataset as pads
+
+    try:
+        import lance
+    except ImportError:
+        return {"skipped": "pylance is not installed (make bench installs the bench extra)"}
+    import tempfile
+
+    cols = [KEY] + feature_names(cfg.columns)[: PEER_COLUMNS - 1]
+    paths = data_file_paths(t.iceberg)
+    rows = t.stats()["rows"]
+    with tempfile.TemporaryDirectory() as tmp:
+        ds = lance.write_dataset(t.read(), f"{tmp}/lance")
+        readers: dict[str, dict[str, Callable[[], Any]]] = {
+            "full": {
+                "featurelake": lambda: t.read().num_rows,
+                "lance": lambda: ds.to_table().num_rows,
+                "pyarrow_dataset": lambda: pads.dataset(paths).to_table().num_rows,
+            },
+            "projected": {
+                "featurelake": lambda: t.read(columns=cols).num_rows,
+                "lance": lambda: ds.to_table(columns=cols).num_rows,
+                "pyarrow_dataset": lambda: pads.dataset(paths).to_table(columns=cols).num_rows,
+            },
+            "streaming": {
+                "featurelake": lambda: sum(b.num_rows for b in t.batches(columns=cols)),
+                "lance": lambda: sum(b.num_rows for b in ds.to_batches(columns=cols)),
+                "pyarrow_dataset": lambda: sum(b.num_rows for b in pads.dataset(paths).to_batches(columns=cols)),
+            },
+        }
+        timings = {mode: {name: Timing() for name in rs} for mode, rs in readers.items()}
+        for _ in range(cfg.repeat):
+            for mode, rs in readers.items():
+                for name, fn in rs.items():
+                    _, n = timed(fn, timings[mode][name])
+                    if n != rows:
+                        raise AssertionError(f"{mode} {name} read {n} rows, expected {rows}")
+    out: dict[str, Any] = {"columns": cols, "lance_version": lance.__version__}
+    for mode, ts in timings.items():
+        out[mode] = {name: {**tm.as_dict(), "rows_per_s": round(rows / tm.best)} for name, tm in ts.items()}
+        out[mode]["featurelake_over_pyarrow_paired"] = paired_ratio(ts["pyarrow_dataset"], ts["featurelake"])
+        out[mode]["featurelake_over_lance_paired"] = paired_ratio(ts["lance"], ts["featurelake"])
+    return out
+
+
 def _sequential_read(t, ref: str) -> list[pa.RecordBatch]:
     scan = t.scan(branch=ref)
     return [b for task in scan.tasks() for b in scan.read_file(task)]
@@ -257,6 +323,12 @@ def _summary(result: dict[str, Any], path) -> None:
             print(f"  {'':>6} compaction {fmt_s(c['seconds'])}: {c['files_in']} files + {c['update_files_folded']} update files -> {c['files_out']} files")
         pl = cp["planning"]
         print(f"  {'':>6} planning (compacted state): featurelake scan().tasks() {fmt_s(pl['featurelake']['best_s'])}, pyiceberg load+plan_files {fmt_s(pl['pyiceberg']['best_s'])}")
+    peer = result.get("peers", {})
+    for mode in ("full", "projected", "streaming"):
+        if mode in peer:
+            m = peer[mode]
+            print(f"  peers {mode:<10} featurelake {m['featurelake']['rows_per_s'] / 1e6:.2f}  lance {m['lance']['rows_per_s'] / 1e6:.2f}"
+                  f"  pyarrow dataset {m['pyarrow_dataset']['rows_per_s'] / 1e6:.2f} M rows/s")
     print_goals(result["goals"])
     for variant, p in result.get("profile", {}).items():
         print_profile(variant, p)

@@ -30,8 +30,9 @@ from pyiceberg.table import Table as IcebergTable
 from featurelake import refs
 from featurelake.commit import optimistic
 from featurelake.errors import GarbageCollectionError
+from featurelake.placement import PROJECTIONS_DIR
 from featurelake.state import STATE_KEY, state_of
-from featurelake.storage import Storage, StoredFile, is_under, storage_of
+from featurelake.storage import PLATFORM_DIR, Storage, StoredFile, is_under, storage_of
 
 if TYPE_CHECKING:
     from featurelake.lake import Lake
@@ -223,8 +224,8 @@ def _table_plan(table: "Table", ice: IcebergTable, nested: list[str], cutoff: fl
         return plan
     builds: dict[str, list[StoredFile]] = {}
     for f in listed:
-        if f.uri in keep or _is_catalog_file(f):
-            continue
+        if f.uri in keep or _is_catalog_file(f) or f"/{PLATFORM_DIR}/{PROJECTIONS_DIR}/" in f.uri:
+            continue  # projection logs are snapshot-independent platform metadata
         if store is not None and is_under(f.uri, store[0]):
             build = store[0] + "/" + f.uri[len(store[0]) + 1 :].split("/", 1)[0]
             if build not in store[1]:

@@ -13,7 +13,7 @@ import uuid
 import warnings
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import pyarrow as pa
 from pyiceberg.manifest import DataFile
@@ -22,6 +22,7 @@ from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import DELETED_DATA_FILES, Operation
 
 from featurelake import index, refs
+from featurelake import placement as _placement
 from featurelake.commit import cleanup_on_failure, commit, delete_quietly, optimistic
 from featurelake.errors import CorruptFileError
 from featurelake.rewrite import merged_rows, rewrite_scan, write_data_files
@@ -52,6 +53,7 @@ class CompactionReport:
     attempts: int = 0
     skipped: bool = False
     bad_files: list[str] = field(default_factory=list)
+    column_order: list[str] | None = None  # the files' column order when compacted with placement
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -129,8 +131,13 @@ def compact(
     fold_updates: bool = True,
     max_bad_file_ratio: float = 0.0,
     progress: Callable[[int, int], None] | None = None,
+    placement: bool | Sequence[str] = False,
 ) -> CompactionReport:
     """Rewrite files with update layers (folded) and bin-pack small files per partition.
+
+    ``placement``: True orders the columns of the files written by the recorded
+    training projections (:mod:`featurelake.placement`), a list of names gives
+    the order; either way every data file is rewritten in that order.
 
     One atomic overwrite commit. When a concurrent commit lands first, the plan
     is rebased onto the new head: bins whose input files the concurrent
@@ -155,6 +162,11 @@ def compact(
         target = target_file_bytes or int(props.get("write.target-file-size-bytes", DEFAULT_TARGET_BYTES))
         small = small_file_bytes or int(props.get("featurelake.small-file-bytes", SMALL_FILE_BYTES))
         state = table._state(ice, head)
+        order = None
+        if placement:
+            names = [f.name for f in ice.schema().fields]
+            order = list(placement) if not isinstance(placement, bool) else _placement.column_order(names, _placement.recorded(ice))
+            report.column_order = order
         tasks = table.scan(branch=str(head.snapshot_id), ice=ice).tasks()
         layers = state.by_data_file([t.file.file_path for t in tasks]) if not state.empty else {}
         groups: dict[Any, list[FileScanTask]] = defaultdict(list)
@@ -165,7 +177,9 @@ def compact(
             folded = [t for t in group if fold_updates and t.file.file_path in layers]
             smalls = [t for t in group if t.file.file_path not in layers and t.file.file_size_in_bytes < small]
             picked = folded + (smalls if len(smalls) + len(folded) > 1 else [])
-            if picked and not (len(picked) == 1 and not folded):
+            if order is not None:
+                picked = group
+            if picked and (order is not None or not (len(picked) == 1 and not folded)):
                 chosen.extend(_bins(picked, target))
         if not chosen:
             return None
@@ -188,7 +202,8 @@ def compact(
                             raise
                         bad[t.file.file_path] = str(e)
                         warnings.warn(f"compaction leaves a bad file in place: {e}", stacklevel=2)
-                files = write_data_files(ice, pa.concat_tables(parts), write_uuid, counter, target_file_bytes=target) if parts else []
+                files = write_data_files(ice, pa.concat_tables(parts), write_uuid, counter, target_file_bytes=target,
+                                         column_order=order) if parts else []
                 written.extend(f.file_path for f in files)
                 fresh = index.file_keys(ice, [f.file_path for f in files], table.primary_key)
                 reuse[key] = _Bin(inputs, files, fresh)

@@ -52,10 +52,13 @@ def merged_rows(scan, task: FileScanTask) -> pa.Table:
 
 
 def write_data_files(
-    ice: IcebergTable, rows: pa.Table, write_uuid=None, counter=None, *, metadata=None, target_file_bytes: int | None = None
+    ice: IcebergTable, rows: pa.Table, write_uuid=None, counter=None, *, metadata=None, target_file_bytes: int | None = None,
+    column_order: list[str] | None = None,
 ) -> list[DataFile]:
     """Write rows (in the table's current schema) as data files; the one writer every write uses.
 
+    ``column_order`` (column names) is the physical order of the files' columns
+    (column placement); readers match columns by field id, so only I/O changes.
     ``metadata`` is the table metadata to write under (a transaction's, when
     the schema changes in the same commit). Column sizes and counts are kept
     only for the columns that keep statistics (key and partition sources):
@@ -71,6 +74,8 @@ def write_data_files(
     if target_file_bytes is not None:
         props = dict(meta.properties, **{"write.target-file-size-bytes": str(target_file_bytes)})
         meta = meta.model_copy(update={"properties": props})
+    if column_order is not None:
+        meta = _reordered(meta, column_order)
     files = list(_dataframe_to_data_files(meta, rows, ice.io, write_uuid=write_uuid, counter=counter or itertools.count(0)))
     keep = _stats_field_ids(meta)
     if keep is not None:
@@ -80,6 +85,19 @@ def write_data_files(
                 if values and f[pos] is values:  # DataFile is a positional record without setters
                     f[pos] = {k: v for k, v in values.items() if k in keep}
     return files
+
+
+def _reordered(meta, order: list[str]):
+    """``meta`` with its current schema's top-level fields in ``order`` (same ids, same schema id)."""
+    from pyiceberg.schema import Schema
+
+    schema = meta.schema()
+    names = [f.name for f in schema.fields]
+    placed = [n for n in order if n in names]
+    fields = [schema.find_field(n) for n in placed + [n for n in names if n not in set(placed)]]
+    moved = Schema(*fields, schema_id=schema.schema_id, identifier_field_ids=schema.identifier_field_ids)
+    schemas = [moved if s.schema_id == schema.schema_id else s for s in meta.schemas]
+    return meta.model_copy(update={"schemas": schemas})
 
 
 _COUNT_FIELDS = {"column_sizes": 6, "value_counts": 7, "null_value_counts": 8, "nan_value_counts": 9}

@@ -91,55 +91,69 @@ class SequenceStore:
         return list(chain.from_iterable(_pool(threads).map(self.reader.multi_get, parts)))
 
     def _fetch(self, users: np.ndarray, chunks: np.ndarray, names: dict[int, list[str]], threads: int,
-               batch: int, stats: dict) -> dict[int, Any]:
+               batch: int, stats: dict, partial: dict[int, tuple[list[str], np.ndarray]] | None = None) -> dict[int, Any]:
         """Chunks of (user, chunk) pairs for the groups in ``names``, fetched and decoded in parallel.
 
         Per group: fixed codec -> {column: (values, validity)} with
-        ``chunk_events`` slots per pair; IPC codec -> a Table of the pairs'
-        events back to back.
+        ``chunk_events`` slots per pair, decoded by each worker straight into
+        its slots of one preallocated array (no per-part arrays to merge); IPC
+        codec -> a Table of the pairs' events back to back. ``partial`` maps a
+        fixed-codec group to (columns, pair mask): those columns are decoded
+        only for the pairs the mask selects (the time column, needed only
+        where a row's list is cut).
         """
         groups = sorted(names)
         keys = self.codec.chunk_keys(users, chunks, groups)
         if self.recorder is not None:
             self.recorder.append(keys)
         ng = len(groups)
-        per = max(ng, (batch // ng) * ng)
+        npairs = len(users)
+        per_pairs = max(1, batch // ng)
+        partial = partial or {}
+        out: dict[int, Any] = {}
+        for g in groups:
+            cd = self.codecs[g]
+            if isinstance(cd, FixedCodec):
+                out[g] = cd.alloc(names[g] + partial.get(g, ([], None))[0], npairs)
 
-        def work(lo: int) -> tuple[list[Any], int]:
-            vals = self.reader.multi_get(keys[lo : lo + per])
+        def work(p0: int) -> tuple[list[Any], int, int]:
+            p1 = min(npairs, p0 + per_pairs)
+            vals = self.reader.multi_get(keys[p0 * ng : p1 * ng])
             if any(v is None for v in vals):
                 raise CorruptFileError(
                     f"sequence store {self.info.db_dir} lacks a chunk its head lists (build {self.info.build_id})",
                     self.info.db_dir,
                 )
-            out = []
+            tables, decoded = [], 0
             for gi, g in enumerate(groups):
                 cd = self.codecs[g]
                 part = vals[gi::ng]
-                out.append(cd.decode_padded(part, names[g]) if isinstance(cd, FixedCodec) else cd.decode(part, None, 0))
-            return out, sum(map(len, vals))
+                if isinstance(cd, FixedCodec):
+                    decoded += cd.decode_into(part, names[g], out[g], p0)
+                    if g in partial:
+                        cols, mask = partial[g]
+                        rows = np.flatnonzero(mask[p0:p1])
+                        if len(rows):
+                            decoded += cd.decode_into(part, cols, out[g], p0, rows)
+                else:
+                    table = cd.decode(part, None, 0)
+                    decoded += table.nbytes
+                    tables.append(table)
+            return tables, sum(map(len, vals)), decoded
 
-        starts = range(0, len(keys), per)
-        if threads > 1 and len(keys) > per:
+        starts = range(0, npairs, per_pairs)
+        if threads > 1 and npairs > per_pairs:
             results = list(_pool(threads).map(work, starts))
         else:
             results = [work(s) for s in starts]
-        merged: dict[int, Any] = {}
-        for gi, g in enumerate(groups):
-            parts = [r[0][gi] for r in results]
-            if len(parts) == 1:
-                merged[g] = parts[0]
-            elif isinstance(self.codecs[g], FixedCodec):
-                merged[g] = {
-                    n: (np.concatenate([p[n][0] for p in parts]),
-                        None if parts[0][n][1] is None else np.concatenate([p[n][1] for p in parts]))
-                    for n in names[g]
-                }
-            else:
-                merged[g] = pa.concat_tables(parts)
+        ipc = [g for g in groups if not isinstance(self.codecs[g], FixedCodec)]
+        for i, g in enumerate(ipc):
+            parts = [r[0][i] for r in results]
+            out[g] = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
         stats["chunk_bytes"] += sum(r[1] for r in results)
         stats["chunk_values"] += len(keys)
-        return merged
+        stats["decoded_bytes"] += sum(r[2] for r in results)
+        return out
 
     # --------------------------------------------------------------- lookup
     def lookup(self, keys: pa.Array, before: Any, columns: Sequence[str] | None, max_len: int | None, window: Any,
@@ -153,7 +167,8 @@ class SequenceStore:
         w = _window_int(window, self.time_type)
         if w is not None and b is None:
             raise FeatureLakeError("a window counts back from `before`: give before= too")
-        stats = {"rows": n, "users": 0, "head_bytes": 0, "chunk_bytes": 0, "chunk_values": 0, "events": 0}
+        stats = {"rows": n, "users": 0, "head_bytes": 0, "chunk_bytes": 0, "chunk_values": 0, "events": 0,
+                 "decoded_bytes": 0}
         valid = np.asarray(keys.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
         if b_valid is not None:
             valid &= b_valid
@@ -171,21 +186,30 @@ class SequenceStore:
             raise FeatureLakeError("a lookup returned more than 2**31 events: use smaller batches or max_len")
         offsets = np.zeros(n + 1, np.int32)
         np.cumsum(lengths, out=offsets[1:])
-        idx = np.repeat(lo - offsets[:-1], lengths) + np.arange(total, dtype=np.int64)
-        padded = None
-        arrays = []
         fields = [self._field(c) for c in columns]
-        for col, f in zip(columns, fields):
-            g = self.group_of[col]
-            if not total:
-                arrays.append(pa.nulls(0, f.type))
-            elif isinstance(self.codecs[g], FixedCodec):
-                if padded is None:
-                    padded = idx + np.repeat(delta, lengths)
-                vals, ok = fetched[g][col]
-                arrays.append(self.codecs[g].to_arrow(col, vals[padded], None if ok is None else ok[padded]))
+        if not total:
+            arrays = [pa.nulls(0, f.type) for f in fields]
+        else:
+            ramp = np.arange(total, dtype=np.int64)
+            padded = idx = None
+            if any(isinstance(self.codecs[self.group_of[col]], FixedCodec) for col in columns):
+                # a row's slots are contiguous: its pairs are one user's consecutive chunks
+                padded = np.repeat(lo + delta - offsets[:-1], lengths) + ramp
+            if not all(isinstance(self.codecs[self.group_of[col]], FixedCodec) for col in columns):
+                idx = pa.array(np.repeat(lo - offsets[:-1], lengths) + ramp)
+
+            def column(col: str) -> pa.Array:
+                g = self.group_of[col]
+                if isinstance(self.codecs[g], FixedCodec):
+                    vals, ok = fetched[g][col]
+                    return self.codecs[g].to_arrow(col, vals.take(padded), None if ok is None else ok.take(padded))
+                return fetched[g].column(col).take(idx).combine_chunks()
+
+            # gathers release the GIL: columns are assembled side by side
+            if threads > 1 and len(columns) > 1:
+                arrays = list(_pool(threads).map(column, columns))
             else:
-                arrays.append(fetched[g].column(col).take(pa.array(idx)).combine_chunks())
+                arrays = [column(col) for col in columns]
         struct = pa.StructArray.from_arrays(arrays, fields=fields)
         stats["events"] = total
         self.last_stats = stats
@@ -228,8 +252,10 @@ class SequenceStore:
         c_lo = np.zeros(len(rows), np.int64)
         if max_len is not None:
             c_lo = np.maximum(0, (c_hi * c + 1 - int(max_len)) // c)
+        c_win = None
         if w is not None:
-            c_lo = np.maximum(c_lo, _seg_search(ft_pool, ft_start, inv, br - w) - ft_start[inv] - 1)
+            c_win = _seg_search(ft_pool, ft_start, inv, br - w) - ft_start[inv] - 1
+            c_lo = np.maximum(c_lo, c_win)
         m = np.maximum(c_hi - c_lo + 1, 0)
         if max_len == 0:
             m[:] = 0
@@ -250,37 +276,68 @@ class SequenceStore:
         counts = np.minimum(c, n_events[pair_user] - pair_chunk * c)
         pool_off = np.zeros(len(codes) + 1, np.int64)
         np.cumsum(counts, out=pool_off[1:])
+        p_lo = np.searchsorted(codes, inv[need].astype(np.int64) * (1 << 32) + c_lo[need])
+        p_hi = p_lo + mn - 1
 
+        # Times are needed only where a row's list is cut: its last pair (the cut at `before`:
+        # every earlier chunk ends before that chunk's first time) and, when the window bounds
+        # the row, its first pair.
         need_time = br is not None
         names: dict[int, list[str]] = {}
         for col in columns:
             names.setdefault(self.group_of[col], []).append(col)
-        if need_time and self.time not in names.setdefault(0, []):
-            names[0].append(self.time)
-        fetched = self._fetch(users[pair_user], pair_chunk, names, threads, batch_keys, stats)
+        partial = None
+        win_rows = None
+        if need_time:
+            cut_pairs = np.zeros(len(codes), bool)
+            cut_pairs[p_hi] = True
+            if c_win is not None:
+                win_rows = np.flatnonzero(c_win[need] >= c_lo[need])
+                cut_pairs[p_lo[win_rows]] = True
+            if self.time not in names.setdefault(0, []):
+                if isinstance(self.codecs[0], FixedCodec):
+                    partial = {0: ([self.time], cut_pairs)}
+                else:
+                    names[0].append(self.time)
+        fetched = self._fetch(users[pair_user], pair_chunk, names, threads, batch_keys, stats, partial)
 
-        p_lo = np.searchsorted(codes, inv[need].astype(np.int64) * (1 << 32) + c_lo[need])
         s = pool_off[p_lo]
-        e = pool_off[p_lo + mn]
+        e = pool_off[p_hi + 1]
         h = e
         if need_time:
-            if isinstance(self.codecs[0], FixedCodec):
-                slots = fetched[0][self.time][0].reshape(-1, c)
-                tp = slots[np.arange(c)[None, :] < counts[:, None]]
-            else:
-                tp = _int_times(fetched[0].column(self.time))
-            run_start = pool_off[np.searchsorted(pair_user, np.arange(len(users) + 1))]
-            h = np.clip(_seg_search(tp, run_start, inv[need], br[need]), s, e)
+            times = self._pair_times(fetched[0], counts, pool_off)
+            bn = br[need]
+            h = pool_off[p_hi] + _count_below(times, counts, p_hi, bn)
         low = s.copy()
         if max_len is not None:
             low = np.maximum(low, h - int(max_len))
-        if w is not None:
-            low = np.maximum(low, np.clip(_seg_search(tp, run_start, inv[need], br[need] - w), s, e))
+        if win_rows is not None and len(win_rows):
+            q = p_lo[win_rows]
+            low[win_rows] = np.maximum(low[win_rows], pool_off[q] + _count_below(times, counts, q, bn[win_rows] - w))
         lo[need] = np.minimum(low, h)
         hi[need] = h
         # fixed-codec slots: a row's pairs are whole chunks except maybe the last, so one offset maps them
         delta[need] = p_lo * c - pool_off[p_lo]
         return lo, hi, delta, fetched
+
+    def _pair_times(self, group0: Any, counts: np.ndarray, pool_off: np.ndarray) -> np.ndarray:
+        """The time column as a (pairs, chunk_events) int64 grid (slots past a pair's count are junk)."""
+        c = self.chunk_events
+        if isinstance(self.codecs[0], FixedCodec):
+            return group0[self.time][0].astype(np.int64, copy=False).reshape(-1, c)
+        tp = _int_times(group0.column(self.time))
+        grid = np.zeros(len(counts) * c, np.int64)
+        slots = np.repeat(np.arange(len(counts), dtype=np.int64) * c - pool_off[:-1], counts) + np.arange(len(tp))
+        grid[slots] = tp
+        return grid.reshape(-1, c)
+
+
+def _count_below(times: np.ndarray, counts: np.ndarray, pairs: np.ndarray, bound: np.ndarray) -> np.ndarray:
+    """Per query: how many of pair ``pairs[i]``'s events have a time below ``bound[i]`` (times sorted in a pair)."""
+    c = times.shape[1]
+    sel = times[pairs]
+    below = (sel < bound[:, None]) & (np.arange(c)[None, :] < counts[pairs][:, None])
+    return below.sum(axis=1)
 
 
 def _seg_search(pool: np.ndarray, run_start: np.ndarray, q_run: np.ndarray, q: np.ndarray) -> np.ndarray:

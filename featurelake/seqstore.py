@@ -503,26 +503,63 @@ class FixedCodec:
 
         return encode
 
-    def decode_padded(self, values: list[bytes], names: Sequence[str]) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
-        """Columns over all values, ``chunk_events`` slots per value: name -> (values, validity or None)."""
+    def alloc(self, names: Sequence[str], pairs: int) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
+        """Empty padded columns for ``pairs`` values (``chunk_events`` slots each), to decode into."""
+        out = {}
+        for name in names:
+            _, dt, voff = self.layout[name]
+            out[name] = (np.empty(pairs * self.c, dt), None if voff is None else np.empty(pairs * self.c, np.bool_))
+        return out
+
+    def decode_into(self, values: list[bytes], names: Sequence[str], out: dict[str, tuple[np.ndarray, np.ndarray | None]],
+                    first: int, rows: np.ndarray | None = None) -> int:
+        """Decode ``values`` straight into ``out`` (from :meth:`alloc`) at value slots ``first``...
+
+        ``rows`` (positions into ``values``) decodes only those values, each
+        into slot ``first + position``. Byte planes are copied plane by plane
+        into the output's bytes (no intermediate array); returns bytes decoded.
+        """
         joined = b"".join(values)
         if len(joined) != len(values) * self.size:
             raise CorruptFileError("a fixed-size sequence chunk has the wrong size (store damaged?)")
         grid = np.frombuffer(joined, np.uint8).reshape(len(values), self.size)
-        out = {}
-        p = len(values)
+        if rows is not None:
+            grid = grid[rows]
+        p, c = len(grid), self.c
+        decoded = 0
         for name in names:
             off, dt, voff = self.layout[name]
             w = dt.itemsize
-            planes = grid[:, off : off + self.c * w]
-            if w > 1:  # byte planes back to values
-                planes = planes.reshape(p, w, self.c).transpose(0, 2, 1)
-            vals = np.ascontiguousarray(planes).view(dt).reshape(p, self.c)
+            vals, valid = out[name]
+            if rows is None:
+                target = vals[first * c : (first + p) * c].reshape(p, c)
+            else:
+                target = np.empty((p, c), dt)
+            planes = grid[:, off : off + c * w]
+            if w > 1:  # byte planes back to values, one plane at a time into the target's bytes
+                tb = target.view(np.uint8).reshape(p, c, w)
+                for b in range(w):
+                    tb[:, :, b] = planes[:, b * c : (b + 1) * c]
+            else:
+                target.view(np.uint8)[...] = planes
             if name in self.delta:
-                vals = np.cumsum(vals, axis=1, dtype=dt)
-            vals = vals.reshape(-1)
-            valid = None if voff is None else np.ascontiguousarray(grid[:, voff : voff + self.c]).reshape(-1).view(np.bool_)
-            out[name] = (vals, valid)
+                np.cumsum(target, axis=1, dtype=dt, out=target)
+            if rows is not None:
+                vals.reshape(-1, c)[first + rows] = target
+            decoded += p * c * w
+            if valid is not None:
+                flags = grid[:, voff : voff + c].view(np.bool_)
+                if rows is None:
+                    valid[first * c : (first + p) * c].reshape(p, c)[...] = flags
+                else:
+                    valid.reshape(-1, c)[first + rows] = flags
+                decoded += p * c
+        return decoded
+
+    def decode_padded(self, values: list[bytes], names: Sequence[str]) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
+        """Columns over all values, ``chunk_events`` slots per value: name -> (values, validity or None)."""
+        out = self.alloc(names, len(values))
+        self.decode_into(values, names, out, 0)
         return out
 
     def to_arrow(self, name: str, vals: np.ndarray, valid: np.ndarray | None) -> pa.Array:

@@ -50,6 +50,7 @@ import pyarrow.compute as pc
 from pyiceberg.expressions import BooleanExpression
 
 from featurelake import refs
+from featurelake import placement
 from featurelake.errors import FeatureLakeError, SchemaMismatchError
 from featurelake.schema import LOCATOR_FILE
 
@@ -281,6 +282,7 @@ class TrainingReader:
         self._label_extra = label_extra
         self._join_extra = join_extra
         self.tasks = sorted(self.scan.tasks(), key=lambda t: t.file.file_path)
+        placement.record(self.scan.ice, self.scan.read_schema.column_names if wanted is not None else None)
         self._hashes = [path_hash(t.file.file_path) for t in self.tasks]
         self.units = _plan_units(self.scan, self.tasks)
         self.num_rows = sum(u.rows for u in self.units)
