@@ -290,7 +290,7 @@ def _records_table(title: str, records: dict):
     for record in records.values():
         columns += [c for c in record if c not in columns and c not in HIDDEN_KEYS
                     and not isinstance(record[c], dict)]
-    grid = Table(title=title, title_justify="left", pad_edge=False)
+    grid = Table(title=title, title_justify="left", pad_edge=False, min_width=len(title) + 2)
     grid.add_column("", no_wrap=True)
     for c in columns:
         grid.add_column(COLUMN_LABELS.get(c, c), justify="right", no_wrap=True)
@@ -302,7 +302,7 @@ def _records_table(title: str, records: dict):
 def _mapping_table(title: str, mapping: dict):
     from rich.table import Table
 
-    grid = Table(title=title, title_justify="left", show_header=False)
+    grid = Table(title=title, title_justify="left", show_header=False, min_width=len(title) + 2)
     grid.add_column("key", no_wrap=True)
     grid.add_column("value", justify="right")
     for key, value in mapping.items():
