@@ -3,10 +3,12 @@
 The resource only decides *which* lake to open; all work is done by the engine.
 
 * ``home`` set            -> embedded lake ``Lake(home)`` (SQLite catalog + local warehouse)
+* ``catalog_name`` set    -> the pyiceberg catalog of that name (``.pyiceberg.yaml`` or
+                             ``PYICEBERG_CATALOG__<NAME>__*`` variables, read at run time)
 * ``catalog_uri`` set     -> a lake on that catalog (PostgreSQL/SQLite SqlCatalog, REST)
                              with ``warehouse`` as its data location
-* nothing set             -> ``Lake.from_env()`` when FEATURELAKE_HOME or
-                             FEATURELAKE_CATALOG_URI is set, else the embedded lake in
+* nothing set             -> ``Lake.from_env()`` when FEATURELAKE_HOME,
+                             FEATURELAKE_CATALOG or FEATURELAKE_CATALOG_URI is set, else the embedded lake in
                              ``./.featurelake``
 
 Opening a lake (catalog connection, metadata) is not free, so lakes are cached per
@@ -53,6 +55,11 @@ class LakeResource(ConfigurableResource):
         default=None,
         description="Folder of an embedded lake (SQLite catalog + local warehouse).",
     )
+    catalog_name: Optional[str] = Field(
+        default=None,
+        description="Name of a pyiceberg catalog configured in .pyiceberg.yaml or PYICEBERG_CATALOG__<NAME>__* "
+        "environment variables (how pyiceberg users configure catalogs; secrets stay in the environment).",
+    )
     catalog_uri: Optional[str] = Field(
         default=None,
         description="Catalog URI (e.g. postgresql+psycopg2://..., sqlite:///..., http(s):// REST). "
@@ -72,10 +79,14 @@ class LakeResource(ConfigurableResource):
     def _key(self) -> tuple:
         if self.home:
             return ("home", _resolved_home(self.home))
+        if self.catalog_name:
+            return ("named", _value(self.catalog_name), _value(self.warehouse) or "")
         if self.catalog_uri:
             return ("catalog", _value(self.catalog_uri), _value(self.warehouse) or "")
         if os.environ.get("FEATURELAKE_HOME"):
             return ("home", _resolved_home(os.environ["FEATURELAKE_HOME"]))
+        if os.environ.get("FEATURELAKE_CATALOG"):
+            return ("named", os.environ["FEATURELAKE_CATALOG"], os.environ.get("FEATURELAKE_WAREHOUSE", ""))
         if os.environ.get("FEATURELAKE_CATALOG_URI"):
             return (
                 "catalog",
@@ -91,6 +102,8 @@ class LakeResource(ConfigurableResource):
         key = self._key()
         if key[0] == "home":
             return f"embedded lake at {key[1]}"
+        if key[0] == "named":
+            return f"pyiceberg catalog {key[1]!r}" + (f" (warehouse {redact(key[2])})" if key[2] else "")
         return redact(f"catalog {key[1]} (warehouse {key[2] or 'default'})")
 
     def lake(self) -> "Lake":
@@ -137,6 +150,9 @@ def _open(key: tuple) -> "Lake":
 
     if key[0] == "home":
         return Lake(key[1])
+    if key[0] == "named":
+        _, name, warehouse = key
+        return Lake.from_catalog(name, **({"warehouse": warehouse} if warehouse else {}))
     _, uri, warehouse = key
     return Lake.from_uri(uri, warehouse or None)
 
@@ -144,7 +160,8 @@ def _open(key: tuple) -> "Lake":
 def lake_resource_from_env(env: Optional[dict] = None) -> LakeResource:
     """The ``LakeResource`` for this deployment, chosen from the environment.
 
-    FEATURELAKE_HOME -> embedded lake there; else FEATURELAKE_CATALOG_URI (+
+    FEATURELAKE_HOME -> embedded lake there; else FEATURELAKE_CATALOG -> the pyiceberg
+    catalog of that name; else FEATURELAKE_CATALOG_URI (+
     FEATURELAKE_WAREHOUSE) -> that catalog; else the embedded lake in ./.featurelake.
     FEATURELAKE_LANDING overrides where raw landing files go.
 
@@ -157,6 +174,9 @@ def lake_resource_from_env(env: Optional[dict] = None) -> LakeResource:
     landing = env.get("FEATURELAKE_LANDING") or None
     if env.get("FEATURELAKE_HOME"):
         return LakeResource(home=env["FEATURELAKE_HOME"], landing=landing)
+    if env.get("FEATURELAKE_CATALOG"):
+        warehouse = env.get("FEATURELAKE_WAREHOUSE") or None
+        return LakeResource(catalog_name=env["FEATURELAKE_CATALOG"], warehouse=warehouse, landing=landing)
     if env.get("FEATURELAKE_CATALOG_URI"):
         if from_process:
             warehouse = EnvVar("FEATURELAKE_WAREHOUSE") if env.get("FEATURELAKE_WAREHOUSE") else None
