@@ -68,6 +68,49 @@ def _bins(tasks: list[FileScanTask], target: int) -> list[list[FileScanTask]]:
     return bins
 
 
+@dataclass
+class BinRewrite:
+    """One bin rewritten: its new data files, and its files that could not be read (path -> error)."""
+
+    files: list[DataFile]
+    bad: dict[str, str] = field(default_factory=dict)
+
+
+# Rewrites bins of (table, rewrite scan, bins, target file bytes, bad-file budget, progress) -> one BinRewrite each.
+BinRewriter = Callable[[IcebergTable, Any, "list[list[FileScanTask]]", int, int, "Callable[[int, int], None] | None"], "list[BinRewrite]"]
+
+
+def rewrite_bin(
+    ice: IcebergTable, scan, bin_: list[FileScanTask], target: int, allowed_bad: int, write_uuid: uuid.UUID | None = None, counter=None
+) -> BinRewrite:
+    """Merged rows of a bin's files written as new data files; up to ``allowed_bad`` unreadable files are left out."""
+    parts, bad = [], {}
+    for t in bin_:
+        try:
+            parts.append(merged_rows(scan, t))
+        except CorruptFileError as e:
+            if len(bad) >= allowed_bad:
+                raise
+            bad[t.file.file_path] = str(e)
+            warnings.warn(f"compaction leaves a bad file in place: {e}", stacklevel=2)
+    rows = pa.concat_tables(parts) if parts else None
+    files = write_data_files(ice, rows, write_uuid, counter, target_file_bytes=target) if rows is not None else []
+    return BinRewrite(files, bad)
+
+
+def rewrite_here(
+    ice: IcebergTable, scan, bins: list[list[FileScanTask]], target: int, budget: int, progress: Callable[[int, int], None] | None = None
+) -> list[BinRewrite]:
+    """Rewrite ``bins`` one after another in this process, sharing one bad-file budget."""
+    write_uuid, counter = uuid.uuid4(), itertools.count(0)
+    out: list[BinRewrite] = []
+    for i, bin_ in enumerate(bins):
+        out.append(rewrite_bin(ice, scan, bin_, target, budget - sum(len(r.bad) for r in out), write_uuid, counter))
+        if progress:
+            progress(i + 1, len(bins))
+    return out
+
+
 def compact(
     table: "Table",
     branch: str = refs.MAIN,
@@ -77,18 +120,21 @@ def compact(
     fold_updates: bool = True,
     max_bad_file_ratio: float = 0.0,
     progress: Callable[[int, int], None] | None = None,
+    rewrite_bins: "BinRewriter | None" = None,
 ) -> CompactionReport:
     """Rewrite files with update layers (folded) and bin-pack small files per partition.
 
     One atomic overwrite commit. On a concurrent commit the plan is redone on
     the new head (a concurrent append is never lost); rewritten bins whose
-    inputs did not change are reused, not rewritten again.
+    inputs did not change are reused, not rewritten again. ``rewrite_bins``
+    rewrites the planned bins (default :func:`rewrite_here`; featurelake.ray
+    passes one that rewrites them in parallel Ray tasks).
     """
     from featurelake.table import SMALL_FILE_BYTES
 
     t0 = time.perf_counter()
     report = CompactionReport(table=table.name, branch=branch)
-    reuse: dict[frozenset, list[DataFile]] = {}
+    reuse: dict[frozenset, BinRewrite] = {}
     written: list[str] = []
     committed: set[str] = set()
 
@@ -120,30 +166,25 @@ def compact(
             return report
         budget = int(max_bad_file_ratio * len(tasks) + 1e-9)
         scan = rewrite_scan(table, ice, head)
-        bad: dict[str, str] = {}
         writer = StateWriter(state, ice.io, table._platform_dir(ice))
         removed: list[DataFile] = []
         added: list[DataFile] = []
-        write_uuid, counter = uuid.uuid4(), itertools.count(0)
         stats = dict(files_in=0, bytes_in=0, folded=0, folded_bytes=0, rows=0)
-        for i, bin_ in enumerate(chosen):
-            key = frozenset(
-                (t.file.file_path, tuple(e.update_file for e in layers.get(t.file.file_path, []))) for t in bin_
-            )
-            if key not in reuse:
-                parts = []
-                for t in bin_:
-                    try:
-                        parts.append(merged_rows(scan, t))
-                    except CorruptFileError as e:
-                        if len(bad) >= budget:
-                            raise
-                        bad[t.file.file_path] = str(e)
-                        warnings.warn(f"compaction leaves a bad file in place: {e}", stacklevel=2)
-                files = write_data_files(ice, pa.concat_tables(parts), write_uuid, counter, target_file_bytes=target) if parts else []
-                written.extend(f.file_path for f in files)
-                reuse[key] = files
-            added.extend(reuse[key])
+        keys = [
+            frozenset((t.file.file_path, tuple(e.update_file for e in layers.get(t.file.file_path, []))) for t in bin_)
+            for bin_ in chosen
+        ]
+        todo = {k: b for k, b in zip(keys, chosen) if k not in reuse}  # bins an earlier attempt rewrote are reused
+        results = (rewrite_bins or rewrite_here)(ice, scan, list(todo.values()), target, budget, progress)
+        for key, result in zip(todo, results):
+            written.extend(f.file_path for f in result.files)
+            reuse[key] = result
+        bad = {p: e for k in keys for p, e in reuse[k].bad.items()}
+        if len(bad) > budget:
+            path = sorted(bad)[0]
+            raise CorruptFileError(f"{len(bad)} data file(s) cannot be read (budget {budget}): {path}: {bad[path]}", path)
+        for key, bin_ in zip(keys, chosen):
+            added.extend(reuse[key].files)
             for t in bin_:
                 if t.file.file_path in bad:
                     continue
@@ -154,8 +195,6 @@ def compact(
                 stats["folded"] += len(entries)
                 stats["folded_bytes"] += sum(e.bytes for e in entries)
                 stats["rows"] += t.file.record_count
-            if progress:
-                progress(i + 1, len(chosen))
         removed_paths = {f.file_path for f in removed}
         live_after = ({t.file.file_path for t in tasks} - removed_paths) | {f.file_path for f in added}
         # Rewritten rows moved: merge the index into one segment that covers the new files too.

@@ -22,7 +22,7 @@ import shutil
 import time as _time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -162,6 +162,7 @@ def build_store(
     force: bool = False,
     threads: int = DEFAULT_THREADS,
     codecs: str | None = None,
+    full_build: "FullBuilder | None" = None,
 ) -> BuildInfo:
     """Build the serving store for a branch head (or a snapshot); returns its record.
 
@@ -173,7 +174,9 @@ def build_store(
     first group also holds the time column. ``codecs="auto"`` stores
     groups of fixed-width and low-cardinality string columns as fixed-size
     raw chunks (decoded without per-chunk work), others as Arrow IPC;
-    ``"ipc"`` uses Arrow IPC everywhere.
+    ``"ipc"`` uses Arrow IPC everywhere. ``full_build`` makes the sorted
+    files of a full build (default :func:`_full_build`, here; featurelake.ray
+    passes one that sorts and writes them in parallel Ray tasks).
     """
     t0 = _time.perf_counter()
     ice = st.refresh()
@@ -204,7 +207,7 @@ def build_store(
                 base = None
                 shutil.rmtree(tmp / "sst", ignore_errors=True)
                 (tmp / "sst").mkdir()
-        layers, stats, codec_list = extended or _full_build(st, ice, snap, layout, backend, tmp, bucket_rows)
+        layers, stats, codec_list = extended or (full_build or _full_build)(st, ice, snap, layout, backend, tmp, bucket_rows)
         backend.assemble(str(tmp / "db"), [[str(tmp / p) for p in layer] for layer in layers])
         sizes = [[os.path.getsize(tmp / p) for p in layer] for layer in layers]
         info = BuildInfo(
@@ -293,6 +296,10 @@ def _incremental_base(st: SequenceTable, ice, snap, layout, backend,
 def _update_files(st: SequenceTable, ice, snap) -> frozenset[str]:
     state = st._state(ice, snap)
     return frozenset() if state.empty else frozenset(e.update_file for e in state.entries())
+
+
+# (sequence table, table, snapshot, layout, backend, build folder, bucket rows) -> (layers, totals, codecs)
+FullBuilder = Callable[..., "tuple[list[list[str]], dict, list]"]
 
 
 def _full_build(st: SequenceTable, ice, snap, layout: _Layout, backend: StoreBackend, tmp: Path, bucket_rows: int):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -57,6 +57,8 @@ if TYPE_CHECKING:
     from featurelake.table import Table
 
 OnUnknown = Literal["error", "skip"]
+# Writes planned update files and returns their sizes in order: (table, jobs, target schema) -> sizes.
+UpdateFileWriter = Callable[[IcebergTable, "list[UpdateFileJob]", pa.Schema], "list[int]"]
 
 
 @dataclass
@@ -269,26 +271,52 @@ def stage_update_files(
     schema,
     written: list[str],
     groups: list[tuple[str, pa.Table]] | None = None,
+    write_files: "UpdateFileWriter | None" = None,
 ) -> tuple[int, int]:
     """Write one update file per touched data file and add them to ``writer``; returns (files, bytes).
 
     ``rows`` carry ``_file`` and ``_pos`` plus ``columns``; a data file whose
-    every row is set gets a dense update file (no positions).
+    every row is set gets a dense update file (no positions). ``write_files``
+    writes the planned files (default :func:`write_update_files`, here).
     """
     target = arrow_schema(schema.select(*columns))
     field_ids = tuple(schema.find_field(c).field_id for c in columns)
     sizes = {p: f.record_count for p, f in snapshot_files(ice, head).items()}
     seq = writer.take_seq()
-    total_bytes = files = 0
+    jobs = []
     for data_file, group in groups if groups is not None else _groups(rows):
-        dense = group.num_rows == sizes[data_file]
         path = f"{table._update_dir(ice)}/{snapshot_id}-{uuid.uuid4().hex[:12]}.parquet"
-        size = write_update_file(ice, path, group, target, None if dense else group.column(LOCATOR_POS).combine_chunks())
-        written.append(path)
-        writer.add(UpdateEntry(data_file, path, seq, field_ids, dense, group.num_rows, size, snapshot_id))
-        total_bytes += size
-        files += 1
-    return files, total_bytes
+        jobs.append(UpdateFileJob(data_file, path, group, group.num_rows == sizes[data_file]))
+    written.extend(j.path for j in jobs)  # named before any byte is written: a failed writer leaves nothing unnamed
+    file_sizes = (write_files or write_update_files)(ice, jobs, target)
+    for job, size in zip(jobs, file_sizes):
+        writer.add(UpdateEntry(job.data_file, job.path, seq, field_ids, job.dense, job.rows.num_rows, size, snapshot_id))
+    return len(jobs), sum(file_sizes)
+
+
+@dataclass(frozen=True)
+class UpdateFileJob:
+    """One update file to write: ``rows`` (``_pos`` plus values) for ``data_file``, at ``path``."""
+
+    data_file: str
+    path: str
+    rows: pa.Table
+    dense: bool
+
+
+def write_update_files(ice: IcebergTable, jobs: list[UpdateFileJob], target: pa.Schema) -> list[int]:
+    """Write the update files of ``jobs`` here, in this process; returns their sizes.
+
+    The default writer of :func:`stage_update_files`; featurelake.ray passes
+    one that writes them in parallel Ray tasks.
+    """
+    return [write_job(ice, job, target) for job in jobs]
+
+
+def write_job(ice: IcebergTable, job: UpdateFileJob, target: pa.Schema) -> int:
+    """Write one job's update file (positions only when it is not dense); returns its size."""
+    positions = None if job.dense else job.rows.column(LOCATOR_POS).combine_chunks()
+    return write_update_file(ice, job.path, job.rows, target, positions)
 
 
 def apply_column_updates(
@@ -297,8 +325,12 @@ def apply_column_updates(
     branch: str,
     *,
     on_unknown: OnUnknown = "error",
+    write_files: "UpdateFileWriter | None" = None,
 ) -> UpdateReport:
-    """Set columns of existing rows as update files in one commit (backfill, and upsert's update half)."""
+    """Set columns of existing rows as update files in one commit (backfill, and upsert's update half).
+
+    ``write_files`` writes the planned update files (see :func:`stage_update_files`).
+    """
     if on_unknown not in ("error", "skip"):
         raise InvalidArgumentError(f"on_unknown must be 'error' or 'skip', not {on_unknown!r}")
     data = to_table(data)
@@ -344,7 +376,8 @@ def apply_column_updates(
         props = {STATE_KEY: root_path, "featurelake.operation": "backfill", "featurelake.columns": ",".join(columns)}
         producer = tx.update_snapshot(snapshot_properties=props, branch=branch).fast_append()
         files, total_bytes = stage_update_files(
-            table, ice, head, writer, producer.snapshot_id, rows, columns, tx.table_metadata.schema(), written, groups
+            table, ice, head, writer, producer.snapshot_id, rows, columns, tx.table_metadata.schema(), written, groups,
+            write_files,
         )
         writer.write(root_path)
         producer.commit()
