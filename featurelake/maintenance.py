@@ -50,6 +50,7 @@ class CompactionReport:
     attempts: int = 0
     skipped: bool = False
     bad_files: list[str] = field(default_factory=list)
+    tasks: int = 0  # parallel Ray tasks that rewrote bins (featurelake.ray); 0: rewritten in-process
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -102,6 +102,7 @@ class BuildInfo:
     new_events: int = 0
     affected_users: int = 0
     seconds: float = 0.0
+    tasks: int = 0  # parallel Ray tasks that wrote the sorted files (featurelake.ray); 0: built in-process
     format: int = BUILD_FORMAT
     path: str = ""
 
@@ -366,8 +367,17 @@ def _key_bounds(st, ice, snap, layout: _Layout, codec: KeyCodec, buckets: int) -
     sample = []
     scan = st.scan([layout.key], snapshot_id=snap.snapshot_id, ice=ice)
     for batch in scan.to_batches():
-        vals = codec.values(batch.column(0))
-        sample.append(vals[:: max(1, len(vals) // 2048)])
+        sample.append(key_sample(codec.values(batch.column(0))))
+    return bounds_from_sample(sample, buckets)
+
+
+def key_sample(values: np.ndarray) -> np.ndarray:
+    """About 2048 evenly spaced keys of one batch, for :func:`bounds_from_sample`."""
+    return values[:: max(1, len(values) // 2048)]
+
+
+def bounds_from_sample(sample: list[np.ndarray], buckets: int) -> np.ndarray:
+    """Key-range boundaries splitting the sampled keys into ``buckets`` about equal ranges."""
     allv = np.sort(np.concatenate(sample)) if sample else np.array([])
     if not len(allv):
         return allv

@@ -74,6 +74,7 @@ class UpdateReport:
     bytes_written: int = 0
     columns: list[str] = field(default_factory=list)
     new_columns: list[str] = field(default_factory=list)
+    tasks: int = 0  # parallel Ray tasks that wrote the update files (featurelake.ray); 0: written in-process
 
 
 def _split_input(table: "Table", data: pa.Table) -> tuple[bool, list[str]]:
