@@ -33,6 +33,7 @@ REGISTRY: dict[str, str] = {
     "maintenance": "benchmarks.maintenance",
     "sequences": "benchmarks.sequences",
     "training": "benchmarks.training",
+    "ray_scale": "benchmarks.ray_scale",
 }
 
 
