@@ -42,7 +42,7 @@ from dagster import (
 )
 from pydantic import Field
 
-from resources import LakeResource
+from resources import RAY, LakeResource, RayCluster, path_metadata
 
 GROUP = "main"
 SAMPLES_TABLE = "ml.samples"
@@ -339,12 +339,13 @@ class LabelsConfig(Config):
     partitions_def=daily_partitions,
     deps=[samples, raw_impressions],
     kinds={"iceberg"},
+    resource_defs={"ray": RAY},
     description=f"The day's label {LABEL_COLUMN!r} and per-user derived features "
     f"({USER_IMPRESSIONS}, {USER_CTR}) backfilled onto {SAMPLES_TABLE} by merge-on-read: "
     "update files only, no data file rewritten.",
 )
 def labels(
-    context: AssetExecutionContext, config: LabelsConfig, lake: LakeResource
+    context: AssetExecutionContext, config: LabelsConfig, lake: LakeResource, ray: RayCluster
 ) -> MaterializeResult:
     from featurelake.errors import UnknownKeyError
 
@@ -358,6 +359,8 @@ def labels(
     table = lk.table(SAMPLES_TABLE)
 
     started = time.perf_counter()
+    ray_path = ray.chooses_ray(table.stats().get("bytes", 0))
+    ray_tasks = 0
     raw = pq.read_table(path, columns=[PRIMARY_KEY, "user_id", LABEL_COLUMN])
     updates = label_rows(raw)
     positives = int(pc.sum(updates.column(LABEL_COLUMN)).as_py() or 0)
@@ -367,7 +370,14 @@ def labels(
         new_columns: list = []
     else:
         try:
-            snapshot_id = table.backfill(updates, on_unknown=config.on_unknown)
+            if ray_path:
+                from featurelake import ray as distributed
+
+                ray.ensure_connected(context)
+                report = distributed.backfill(table, updates, on_unknown=config.on_unknown, tasks=ray.tasks)
+                snapshot_id, ray_tasks = report.snapshot_id, report.tasks
+            else:
+                snapshot_id = table.backfill(updates, on_unknown=config.on_unknown)
         except UnknownKeyError as e:
             raise Failure(
                 f"labels for {day}: {e}. The landed impressions and {SAMPLES_TABLE} disagree: "
@@ -413,6 +423,7 @@ def labels(
             "write_ratio": MetadataValue.float(round(ratio, 6)),
             "snapshot_id": MetadataValue.text(str(snapshot_id)),
             "seconds": MetadataValue.float(round(seconds, 4)),
+            **path_metadata(ray_path, ray_tasks),
         }
     )
 

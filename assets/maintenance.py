@@ -47,7 +47,7 @@ from dagster import (
 )
 from pydantic import Field
 
-from resources import LakeResource
+from resources import RAY, LakeResource, RayCluster, path_metadata
 
 GROUP = "maintenance"
 PARTITIONS_NAME = "compaction_targets"
@@ -137,13 +137,14 @@ def _health_metadata(before: dict, after: dict) -> dict:
     group_name=GROUP,
     partitions_def=compaction_partitions,
     kinds={"iceberg"},
+    resource_defs={"ray": RAY},
     description="Compaction of one table branch (partition key '<namespace.table>|<branch>'): "
     "update files folded into rewritten data files and small files bin-packed per partition, "
     "in one atomic commit. Requested by the compaction sensor when small files or update "
     "layers pile up.",
 )
 def compaction(
-    context: AssetExecutionContext, config: CompactionConfig, lake: LakeResource
+    context: AssetExecutionContext, config: CompactionConfig, lake: LakeResource, ray: RayCluster
 ) -> MaterializeResult:
     from featurelake.errors import BranchNotFoundError
     from featurelake.health import staleness_of, staleness_policy, table_health
@@ -161,13 +162,20 @@ def compaction(
     def progress(done: int, total: int) -> None:
         context.log.debug(f"{name}@{branch}: rewrote bin {done}/{total}")
 
-    report = table.compact(
-        branch=branch,
+    options = dict(
         target_file_bytes=config.target_file_bytes,
         small_file_bytes=config.small_file_bytes,
         max_bad_file_ratio=config.max_bad_file_ratio,
         progress=progress,
     )
+    ray_path = ray.chooses_ray(before.get("bytes") or table.stats(branch).get("bytes", 0))
+    if ray_path:
+        from featurelake import ray as distributed
+
+        ray.ensure_connected(context)
+        report = distributed.compact(table, branch, **options)
+    else:
+        report = table.compact(branch=branch, **options)
     after = table_health(table, branch)
     policy = staleness_policy(table._ice.metadata.properties)
     stale_before, stale_after = staleness_of(before, policy), staleness_of(after, policy)
@@ -198,6 +206,7 @@ def compaction(
             "rows_rewritten": MetadataValue.int(int(report.rows)),
             "dagster/row_count": MetadataValue.int(int(after.get("rows") or 0)),
             "attempts": MetadataValue.int(int(report.attempts)),
+            **path_metadata(ray_path, report.tasks),
             "bad_files": MetadataValue.int(len(report.bad_files)),
             # what engines reading the Iceberg metadata directly saw, and see now
             "stale_seconds_before": MetadataValue.float(float(stale_before["stale_seconds"])),

@@ -60,7 +60,7 @@ from dagster import (
 from pydantic import Field
 
 from assets.main import GROUP, START, daily_partitions, day_filter, day_index, partition_day
-from resources import LakeResource
+from resources import RAY, LakeResource, RayCluster, path_metadata
 
 EVENTS_TABLE = "ml.user_events"
 KEY_COLUMN = "user_id"
@@ -282,12 +282,13 @@ class SequenceStoreConfig(Config):
     group_name=GROUP,
     deps=[AssetDep(user_events, partition_mapping=AllPartitionMapping())],
     kinds={"rocksdb"},
+    resource_defs={"ray": RAY},
     description=f"The serving store of {EVENTS_TABLE}: each user's events once, in time-ordered "
     "chunks, bulk-loaded into a key-value store (one IO per read); built incrementally from the "
     "main-branch head. Training reads join it back: t.batches(sequences={'hist': view}).",
 )
 def sequence_store(
-    context: AssetExecutionContext, config: SequenceStoreConfig, lake: LakeResource
+    context: AssetExecutionContext, config: SequenceStoreConfig, lake: LakeResource, ray: RayCluster
 ) -> MaterializeResult:
     lk = lake.lake()
     if not lk.table_exists(EVENTS_TABLE):
@@ -297,13 +298,21 @@ def sequence_store(
         raise Failure(f"sequence_store: keep_builds must be >= 0, got {config.keep_builds}")
     started = time.perf_counter()
     known = {b.build_id for b in st.builds()}
+    options = dict(
+        incremental=config.incremental,
+        force=config.force,
+        column_groups=config.column_groups,
+        chunk_events=config.chunk_events,
+    )
+    ray_path = ray.chooses_ray(st.stats().get("bytes", 0))
     try:
-        info = st.build(
-            incremental=config.incremental,
-            force=config.force,
-            column_groups=config.column_groups,
-            chunk_events=config.chunk_events,
-        )
+        if ray_path:
+            from featurelake import ray as distributed
+
+            ray.ensure_connected(context)
+            info = distributed.build_sequences(st, tasks=ray.tasks, **options)
+        else:
+            info = st.build(**options)
     except Exception as e:
         from featurelake.errors import FeatureLakeError
 
@@ -348,6 +357,7 @@ def sequence_store(
             "builds_pruned": MetadataValue.int(len(pruned)),
             "path": MetadataValue.path(str(info.path)),
             "seconds": MetadataValue.float(round(seconds, 4)),
+            **path_metadata(ray_path, info.tasks),
         }
     )
 

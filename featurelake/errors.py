@@ -130,6 +130,10 @@ class GarbageCollectionError(FeatureLakeError):
     """Garbage collection was asked for something unsafe (a negative grace period); nothing was deleted."""
 
 
+class ClusterError(FeatureLakeError):
+    """A distributed task was lost (its worker died and Ray's retries ran out); nothing was committed."""
+
+
 class CorruptFileError(FeatureLakeError):
     """A data or update file is missing or unreadable; ``path`` names it."""
 
@@ -159,6 +163,7 @@ __all__ = [
     "HistoryExpiredError",
     "QualityGateError",
     "CorruptFileError",
+    "ClusterError",
     "GarbageCollectionError",
     "CatalogConfigError",
 ]

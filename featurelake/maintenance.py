@@ -54,6 +54,7 @@ class CompactionReport:
     skipped: bool = False
     bad_files: list[str] = field(default_factory=list)
     column_order: list[str] | None = None  # the files' column order when compacted with placement
+    tasks: int = 0  # parallel Ray tasks that rewrote bins (featurelake.ray); 0: rewritten in-process
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -122,6 +123,67 @@ def _untouched(table: "Table", ice: IcebergTable, plan: _Plan, head) -> list[_Bi
     return [b for b in plan.bins if not any(f.file_path in touched for f in b.inputs)]
 
 
+@dataclass
+class BinRewrite:
+    """One bin rewritten: its new data files, and its files that could not be read (path -> error)."""
+
+    files: list[DataFile]
+    bad: dict[str, str] = field(default_factory=dict)
+
+
+# Rewrites bins of (table, rewrite scan, bins, target file bytes, bad-file budget, progress, column_order=None)
+# -> one BinRewrite each.
+BinRewriter = Callable[[IcebergTable, Any, "list[list[FileScanTask]]", int, int, "Callable[[int, int], None] | None"], "list[BinRewrite]"]
+
+
+def rewrite_bin(
+    ice: IcebergTable,
+    scan,
+    bin_: list[FileScanTask],
+    target: int,
+    allowed_bad: int,
+    write_uuid: uuid.UUID | None = None,
+    counter=None,
+    column_order: list[str] | None = None,
+) -> BinRewrite:
+    """Merged rows of a bin's files written as new data files; up to ``allowed_bad`` unreadable files are left out."""
+    parts, bad = [], {}
+    for t in bin_:
+        try:
+            parts.append(merged_rows(scan, t))
+        except CorruptFileError as e:
+            if len(bad) >= allowed_bad:
+                raise
+            bad[t.file.file_path] = str(e)
+            warnings.warn(f"compaction leaves a bad file in place: {e}", stacklevel=2)
+    rows = pa.concat_tables(parts) if parts else None
+    files = (
+        write_data_files(ice, rows, write_uuid, counter, target_file_bytes=target, column_order=column_order)
+        if rows is not None
+        else []
+    )
+    return BinRewrite(files, bad)
+
+
+def rewrite_here(
+    ice: IcebergTable,
+    scan,
+    bins: list[list[FileScanTask]],
+    target: int,
+    budget: int,
+    progress: Callable[[int, int], None] | None = None,
+    column_order: list[str] | None = None,
+) -> list[BinRewrite]:
+    """Rewrite ``bins`` one after another in this process, sharing one bad-file budget."""
+    write_uuid, counter = uuid.uuid4(), itertools.count(0)
+    out: list[BinRewrite] = []
+    for i, bin_ in enumerate(bins):
+        out.append(rewrite_bin(ice, scan, bin_, target, budget - sum(len(r.bad) for r in out), write_uuid, counter, column_order))
+        if progress:
+            progress(i + 1, len(bins))
+    return out
+
+
 def compact(
     table: "Table",
     branch: str = refs.MAIN,
@@ -132,6 +194,7 @@ def compact(
     max_bad_file_ratio: float = 0.0,
     progress: Callable[[int, int], None] | None = None,
     placement: bool | Sequence[str] = False,
+    rewrite_bins: "BinRewriter | None" = None,
 ) -> CompactionReport:
     """Rewrite files with update layers (folded) and bin-pack small files per partition.
 
@@ -146,6 +209,9 @@ def compact(
     left for a later run. Only when no bin survives is the plan redone (bins
     whose inputs did not change are reused, not rewritten again). So a
     compaction finishes under steady writes, and never loses one.
+
+    ``rewrite_bins`` rewrites the planned bins (default :func:`rewrite_here`;
+    featurelake.ray passes one that rewrites them in parallel Ray tasks).
     """
     from featurelake.table import SMALL_FILE_BYTES
 
@@ -185,32 +251,24 @@ def compact(
             return None
         budget = int(max_bad_file_ratio * len(tasks) + 1e-9)
         scan = rewrite_scan(table, ice, head)
-        write_uuid, counter = uuid.uuid4(), itertools.count(0)
-        bins: list[_Bin] = []
-        for i, bin_ in enumerate(chosen):
-            key = frozenset(
-                (t.file.file_path, tuple(e.update_file for e in layers.get(t.file.file_path, []))) for t in bin_
-            )
-            if key not in reuse:
-                parts, inputs = [], []
-                for t in bin_:
-                    try:
-                        parts.append(merged_rows(scan, t))
-                        inputs.append(t.file)
-                    except CorruptFileError as e:
-                        if len(bad) >= budget:
-                            raise
-                        bad[t.file.file_path] = str(e)
-                        warnings.warn(f"compaction leaves a bad file in place: {e}", stacklevel=2)
-                files = write_data_files(ice, pa.concat_tables(parts), write_uuid, counter, target_file_bytes=target,
-                                         column_order=order) if parts else []
-                written.extend(f.file_path for f in files)
-                fresh = index.file_keys(ice, [f.file_path for f in files], table.primary_key)
-                reuse[key] = _Bin(inputs, files, fresh)
-            bins.append(reuse[key])
-            if progress:
-                progress(i + 1, len(chosen))
-        return _Plan(head.snapshot_id, bins, bad)
+        keys = [
+            frozenset((t.file.file_path, tuple(e.update_file for e in layers.get(t.file.file_path, []))) for t in bin_)
+            for bin_ in chosen
+        ]
+        todo = {k: b for k, b in zip(keys, chosen) if k not in reuse}  # bins an earlier attempt rewrote are reused
+        results = (rewrite_bins or rewrite_here)(
+            ice, scan, list(todo.values()), target, budget - len(bad), progress, column_order=order
+        )
+        for (key, bin_), result in zip(todo.items(), results):
+            written.extend(f.file_path for f in result.files)
+            bad.update(result.bad)
+            inputs = [t.file for t in bin_ if t.file.file_path not in result.bad]
+            fresh = index.file_keys(ice, [f.file_path for f in result.files], table.primary_key)
+            reuse[key] = _Bin(inputs, result.files, fresh)
+        if len(bad) > budget:
+            path = sorted(bad)[0]
+            raise CorruptFileError(f"{len(bad)} data file(s) cannot be read (budget {budget}): {path}: {bad[path]}", path)
+        return _Plan(head.snapshot_id, [reuse[k] for k in keys], bad)
 
     def attempt(ice: IcebergTable) -> CompactionReport:
         report.attempts += 1

@@ -22,7 +22,7 @@ import shutil
 import time as _time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -102,6 +102,7 @@ class BuildInfo:
     new_events: int = 0
     affected_users: int = 0
     seconds: float = 0.0
+    tasks: int = 0  # parallel Ray tasks that wrote the sorted files (featurelake.ray); 0: built in-process
     format: int = BUILD_FORMAT
     path: str = ""
 
@@ -162,6 +163,7 @@ def build_store(
     force: bool = False,
     threads: int = DEFAULT_THREADS,
     codecs: str | None = None,
+    full_build: "FullBuilder | None" = None,
 ) -> BuildInfo:
     """Build the serving store for a branch head (or a snapshot); returns its record.
 
@@ -173,7 +175,9 @@ def build_store(
     first group also holds the time column. ``codecs="auto"`` stores
     groups of fixed-width and low-cardinality string columns as fixed-size
     raw chunks (decoded without per-chunk work), others as Arrow IPC;
-    ``"ipc"`` uses Arrow IPC everywhere.
+    ``"ipc"`` uses Arrow IPC everywhere. ``full_build`` makes the sorted
+    files of a full build (default :func:`_full_build`, here; featurelake.ray
+    passes one that sorts and writes them in parallel Ray tasks).
     """
     t0 = _time.perf_counter()
     ice = st.refresh()
@@ -204,7 +208,7 @@ def build_store(
                 base = None
                 shutil.rmtree(tmp / "sst", ignore_errors=True)
                 (tmp / "sst").mkdir()
-        layers, stats, codec_list = extended or _full_build(st, ice, snap, layout, backend, tmp, bucket_rows)
+        layers, stats, codec_list = extended or (full_build or _full_build)(st, ice, snap, layout, backend, tmp, bucket_rows)
         backend.assemble(str(tmp / "db"), [[str(tmp / p) for p in layer] for layer in layers])
         sizes = [[os.path.getsize(tmp / p) for p in layer] for layer in layers]
         info = BuildInfo(
@@ -295,6 +299,10 @@ def _update_files(st: SequenceTable, ice, snap) -> frozenset[str]:
     return frozenset() if state.empty else frozenset(e.update_file for e in state.entries())
 
 
+# (sequence table, table, snapshot, layout, backend, build folder, bucket rows) -> (layers, totals, codecs)
+FullBuilder = Callable[..., "tuple[list[list[str]], dict, list]"]
+
+
 def _full_build(st: SequenceTable, ice, snap, layout: _Layout, backend: StoreBackend, tmp: Path, bucket_rows: int):
     """Sort the whole snapshot by (key, time) in key-range buckets; one sorted file per bucket."""
     codec = KeyCodec.for_type(layout.key_type)
@@ -359,8 +367,17 @@ def _key_bounds(st, ice, snap, layout: _Layout, codec: KeyCodec, buckets: int) -
     sample = []
     scan = st.scan([layout.key], snapshot_id=snap.snapshot_id, ice=ice)
     for batch in scan.to_batches():
-        vals = codec.values(batch.column(0))
-        sample.append(vals[:: max(1, len(vals) // 2048)])
+        sample.append(key_sample(codec.values(batch.column(0))))
+    return bounds_from_sample(sample, buckets)
+
+
+def key_sample(values: np.ndarray) -> np.ndarray:
+    """About 2048 evenly spaced keys of one batch, for :func:`bounds_from_sample`."""
+    return values[:: max(1, len(values) // 2048)]
+
+
+def bounds_from_sample(sample: list[np.ndarray], buckets: int) -> np.ndarray:
+    """Key-range boundaries splitting the sampled keys into ``buckets`` about equal ranges."""
     allv = np.sort(np.concatenate(sample)) if sample else np.array([])
     if not len(allv):
         return allv

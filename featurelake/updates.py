@@ -16,7 +16,7 @@ from __future__ import annotations
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -59,6 +59,8 @@ if TYPE_CHECKING:
 
 OnUnknown = Literal["error", "skip"]
 WRITE_THREADS = 8  # update files written at once by one commit (object-store latency, not CPU, is the limit)
+# Writes planned update files and returns their sizes in order: (table, jobs, target schema) -> sizes.
+UpdateFileWriter = Callable[[IcebergTable, "list[UpdateFileJob]", pa.Schema], "list[int]"]
 
 
 @dataclass
@@ -74,6 +76,7 @@ class UpdateReport:
     bytes_written: int = 0
     columns: list[str] = field(default_factory=list)
     new_columns: list[str] = field(default_factory=list)
+    tasks: int = 0  # parallel Ray tasks that wrote the update files (featurelake.ray); 0: written in-process
 
 
 def _split_input(table: "Table", data: pa.Table) -> tuple[bool, list[str]]:
@@ -271,11 +274,13 @@ def stage_update_files(
     schema,
     written: list[str],
     groups: list[tuple[str, pa.Table]] | None = None,
+    write_files: "UpdateFileWriter | None" = None,
 ) -> tuple[int, int]:
     """Write one update file per touched data file and add them to ``writer``; returns (files, bytes).
 
     ``rows`` carry ``_file`` and ``_pos`` plus ``columns``; a data file whose
-    every row is set gets a dense update file (no positions).
+    every row is set gets a dense update file (no positions). ``write_files``
+    writes the planned files (default :func:`write_update_files`, here).
     """
     target = arrow_schema(schema.select(*columns))
     field_ids = tuple(schema.find_field(c).field_id for c in columns)
@@ -284,27 +289,47 @@ def stage_update_files(
     jobs = []
     for data_file, group in groups if groups is not None else _groups(rows):
         path = f"{table._update_dir(ice)}/{snapshot_id}-{uuid.uuid4().hex[:12]}.parquet"
-        written.append(path)  # named before its bytes exist: a failure anywhere deletes it
-        jobs.append((data_file, group, path, group.num_rows == sizes[data_file]))
+        jobs.append(UpdateFileJob(data_file, path, group, group.num_rows == sizes[data_file]))
+    written.extend(j.path for j in jobs)  # named before any byte is written: a failure anywhere deletes them
+    file_sizes = (write_files or write_update_files)(ice, jobs, target)
+    for job, size in zip(jobs, file_sizes):
+        writer.add(UpdateEntry(job.data_file, job.path, seq, field_ids, job.dense, job.rows.num_rows, size, snapshot_id))
+    return len(jobs), sum(file_sizes)
 
-    def write(job) -> int:
-        data_file, group, path, dense = job
-        return write_update_file(ice, path, group, target, None if dense else group.column(LOCATOR_POS).combine_chunks())
 
-    # Parquet encoding and the upload release the GIL: the files of one commit are written
-    # in parallel. Every write has finished (or failed) before this returns or raises.
-    if len(jobs) > 1:
-        with ThreadPoolExecutor(max_workers=min(WRITE_THREADS, len(jobs))) as pool:
-            futures = [pool.submit(write, job) for job in jobs]
-        errors = [f.exception() for f in futures if f.exception() is not None]
-        if errors:
-            raise errors[0]
-        sizes_written = [f.result() for f in futures]
-    else:
-        sizes_written = [write(job) for job in jobs]
-    for (data_file, group, path, dense), size in zip(jobs, sizes_written):
-        writer.add(UpdateEntry(data_file, path, seq, field_ids, dense, group.num_rows, size, snapshot_id))
-    return len(jobs), sum(sizes_written)
+@dataclass(frozen=True)
+class UpdateFileJob:
+    """One update file to write: ``rows`` (``_pos`` plus values) for ``data_file``, at ``path``."""
+
+    data_file: str
+    path: str
+    rows: pa.Table
+    dense: bool
+
+
+def write_update_files(ice: IcebergTable, jobs: list[UpdateFileJob], target: pa.Schema) -> list[int]:
+    """Write the update files of ``jobs`` in this process; returns their sizes in order.
+
+    Parquet encoding and the upload release the GIL, so the files of one commit
+    are written in parallel threads; every write has finished (or failed)
+    before this returns or raises. The default writer of
+    :func:`stage_update_files`; featurelake.ray passes one that writes them in
+    parallel Ray tasks.
+    """
+    if len(jobs) <= 1:
+        return [write_job(ice, job, target) for job in jobs]
+    with ThreadPoolExecutor(max_workers=min(WRITE_THREADS, len(jobs))) as pool:
+        futures = [pool.submit(write_job, ice, job, target) for job in jobs]
+    errors = [f.exception() for f in futures if f.exception() is not None]
+    if errors:
+        raise errors[0]
+    return [f.result() for f in futures]
+
+
+def write_job(ice: IcebergTable, job: UpdateFileJob, target: pa.Schema) -> int:
+    """Write one job's update file (positions only when it is not dense); returns its size."""
+    positions = None if job.dense else job.rows.column(LOCATOR_POS).combine_chunks()
+    return write_update_file(ice, job.path, job.rows, target, positions)
 
 
 def apply_column_updates(
@@ -313,8 +338,12 @@ def apply_column_updates(
     branch: str,
     *,
     on_unknown: OnUnknown = "error",
+    write_files: "UpdateFileWriter | None" = None,
 ) -> UpdateReport:
-    """Set columns of existing rows as update files in one commit (backfill, and upsert's update half)."""
+    """Set columns of existing rows as update files in one commit (backfill, and upsert's update half).
+
+    ``write_files`` writes the planned update files (see :func:`stage_update_files`).
+    """
     if on_unknown not in ("error", "skip"):
         raise InvalidArgumentError(f"on_unknown must be 'error' or 'skip', not {on_unknown!r}")
     data = to_table(data)
@@ -360,7 +389,8 @@ def apply_column_updates(
         props = {STATE_KEY: root_path, "featurelake.operation": "backfill", "featurelake.columns": ",".join(columns)}
         producer = tx.update_snapshot(snapshot_properties=props, branch=branch).fast_append()
         files, total_bytes = stage_update_files(
-            table, ice, head, writer, producer.snapshot_id, rows, columns, tx.table_metadata.schema(), written, groups
+            table, ice, head, writer, producer.snapshot_id, rows, columns, tx.table_metadata.schema(), written, groups,
+            write_files,
         )
         writer.write(root_path)
         props.update(summary_props(ice.io, root_path))  # the producer reads its summary at commit

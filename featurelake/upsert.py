@@ -31,20 +31,21 @@ from featurelake.merge import snapshot_files
 from featurelake.rewrite import write_data_files
 from featurelake.schema import RESERVED_PREFIX, arrow_schema, check_column_names, conform, to_table
 from featurelake.state import STATE_KEY, StateWriter, summary_props
-from featurelake.updates import UpdateReport, _check_types, add_columns, fit_values, located_rows, stage_update_files
+from featurelake.updates import UpdateFileWriter, UpdateReport, _check_types, add_columns, fit_values, located_rows, stage_update_files
 
 if TYPE_CHECKING:
     from featurelake.table import Table
 
 
-def upsert(table: "Table", data: Any, branch: str = refs.MAIN) -> UpdateReport:
+def upsert(table: "Table", data: Any, branch: str = refs.MAIN, *, write_files: UpdateFileWriter | None = None) -> UpdateReport:
     """Update rows whose key exists (merge-on-read) and insert the others, in one commit.
 
     A new key must give every required column. An existing key's null in a
     required column keeps the row's value (a null cannot be stored there),
     so a mixed upsert whose existing keys carry only labels works; a null in
     a nullable column sets the value to null. Zero input rows commit nothing
-    and report the branch head (None for an empty table).
+    and report the branch head (None for an empty table). ``write_files``
+    writes the update files (see featurelake.updates.stage_update_files).
     """
     data = to_table(data)
     check_column_names(data.column_names)
@@ -97,7 +98,8 @@ def upsert(table: "Table", data: Any, branch: str = refs.MAIN) -> UpdateReport:
         if existing is not None and existing.num_rows and update_columns:
             for part, columns in _keep_required(existing, update_columns, current):
                 files, size = stage_update_files(
-                    table, ice, head, writer, producer.snapshot_id, part, columns, new_schema, written
+                    table, ice, head, writer, producer.snapshot_id, part, columns, new_schema, written,
+                    write_files=write_files,
                 )
                 update_files, update_bytes = update_files + files, update_bytes + size
         data_files = []

@@ -87,3 +87,29 @@ def s3_lake(seaweed, s3_catalog_props) -> Lake:
     for name in lake.tables():
         lake.drop_table(name, purge=True)
     return lake
+
+
+# ------------------------------------------------------------------------- Ray
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory):
+    """One local Ray cluster (2 CPUs, no dashboard) per test session, shut down at the end.
+
+    Every worker carries tests/ray_faults.py, so a test can make a worker kill
+    itself mid-task; the fault folder is yielded.
+    """
+    ray = pytest.importorskip("ray")
+    import ray_faults
+
+    fault_dir = tmp_path_factory.mktemp("ray-faults")
+    ray.cloudpickle.register_pickle_by_value(ray_faults)
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"worker_process_setup_hook": ray_faults.install, "env_vars": {ray_faults.ENV: str(fault_dir)}},
+    )
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    yield fault_dir
+    ray.shutdown()
