@@ -46,6 +46,10 @@ class Backend:
         infos = self.fs.get_file_info(pafs.FileSelector(bucket + "/", recursive=True))
         return {"s3://" + i.path for i in infos if i.type == pafs.FileType.File and i.path.endswith(suffix)}
 
+    def name_of(self, location: str) -> str:
+        """A location as :meth:`files` names it (``file://`` dropped on local disk)."""
+        return location.removeprefix("file://") if self.fs is None else location
+
     def _path(self, location: str) -> str:
         if self.fs is None:
             return location.removeprefix("file://")

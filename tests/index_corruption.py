@@ -8,12 +8,10 @@ path never serve a stale copy.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-import pyarrow as pa
 
 from featurelake import index, refs
 from featurelake.state import STATE_KEY, StateWriter
@@ -34,11 +32,9 @@ def read_segments(t: Table, branch: str = "main") -> list[Seg]:
     ice = t.refresh()
     state = t._state(ice, refs.branch_head(ice.metadata, branch))
     out = []
-    for seg in state.index_segments:
-        with ice.io.new_input(seg["path"]).open() as f:
-            table = pa.ipc.open_file(pa.py_buffer(f.read())).read_all()
-        files = json.loads(table.schema.metadata[b"files"])
-        out.append(Seg(files, *(table.column(c).to_numpy().copy() for c in ("k", "f", "p"))))
+    for seg in state.index_segments:  # read by the engine's own segment reader, whatever the file format
+        loaded = index._Loaded(ice.io, seg["path"])
+        out.append(Seg(list(loaded.files), *(np.array(a, copy=True) for a in (loaded.k, loaded.f, loaded.p))))
     return out
 
 
