@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 import pytest
 from dagster import materialize
 
+from backends import both_backends
 from dagster_test_helpers import ROWS
 
 DAYS = ["2026-01-01", "2026-01-02"]
@@ -20,10 +21,11 @@ EVENTS_PER_USER = 2  # per user per day: ~20k events a day over the 10k impressi
 EVENT_COLUMNS = ["user_id", "ts", "item_id", "event_type", "dwell"]
 
 
-def _resources(lake_home):
+def _resources(lake):
+    """``lake``: an embedded lake's folder, or the LakeResource to use."""
     from resources import LakeResource
 
-    return {"lake": LakeResource(home=str(lake_home))}
+    return {"lake": lake if isinstance(lake, LakeResource) else LakeResource(home=str(lake))}
 
 
 def _run(assets, lake_home, instance, key=None, store_config=None, raise_on_error=True):
@@ -139,14 +141,15 @@ def _assert_joined_matches(lake, max_len=3, sample=250, seed=0):
     return got
 
 
-def test_sequence_store_builds_and_joined_read_matches_oracle(lake_home, instance):
+@both_backends
+def test_sequence_store_builds_and_joined_read_matches_oracle(env_resource, instance):
     from assets.main import main_assets
     from assets.sequences import EVENTS_TABLE, sequence_assets
 
-    lake = _resources(lake_home)["lake"].lake()
+    lake = _resources(env_resource)["lake"].lake()
     modes = []
     for key in DAYS:  # what main_job runs per day: features, labels, events, then the store build
-        result = _run([*main_assets, *sequence_assets], lake_home, instance, key)
+        result = _run([*main_assets, *sequence_assets], env_resource, instance, key)
         md = _metadata(result, "sequence_store")
         st = lake.sequence_table(EVENTS_TABLE)
         head = st.stats()
@@ -158,7 +161,7 @@ def test_sequence_store_builds_and_joined_read_matches_oracle(lake_home, instanc
     assert modes == ["full", "incremental"]
 
     # nothing new: the head's build is reused, not rebuilt
-    again = _metadata(_run([sequence_assets[1]], lake_home, instance), "sequence_store")
+    again = _metadata(_run([sequence_assets[1]], env_resource, instance), "sequence_store")
     assert again["mode"] == "reused" and again["build_id"] == md["build_id"]
 
     got = _assert_joined_matches(lake)
@@ -167,8 +170,8 @@ def test_sequence_store_builds_and_joined_read_matches_oracle(lake_home, instanc
     assert pc.max(pc.list_value_length(hist)).as_py() <= 3
 
     # day 1 re-materialized: the store is rebuilt for the new head, the join still matches
-    _run([sequence_assets[0]], lake_home, instance, DAYS[0])
-    md = _metadata(_run([sequence_assets[1]], lake_home, instance), "sequence_store")
+    _run([sequence_assets[0]], env_resource, instance, DAYS[0])
+    md = _metadata(_run([sequence_assets[1]], env_resource, instance), "sequence_store")
     st = lake.sequence_table(EVENTS_TABLE)
     assert md["mode"] in ("full", "incremental") and md["snapshot_id"] == str(st.stats()["snapshot_id"])
     assert md["events"] == _oracle_events(DAYS).num_rows
