@@ -20,7 +20,10 @@ $(STAMP): pyproject.toml constraints.txt
 demo: setup
 	$(VENV)/bin/featurelake --home "$(FEATURELAKE_HOME)" demo
 
+# DuckDB 1.5.5 + its Iceberg extension (the interop tests' independent reader) cannot share
+# .venv with lake.sql's DuckDB 2: tests/interop.py keeps it in .venv-interop, installed once.
 test: setup
+	$(PY) tests/interop.py ensure
 	$(PY) -m pytest -q -n 2 --dist loadgroup
 
 # The torch extra (several GB with CUDA) is installed only here; the torch tests skip without it.
@@ -37,4 +40,4 @@ bench: setup
 	$(PY) -m benchmarks
 
 clean:
-	rm -rf $(VENV) .featurelake .pytest_cache
+	rm -rf $(VENV) .venv-interop .venv-interop.lock .featurelake .pytest_cache

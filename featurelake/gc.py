@@ -365,7 +365,7 @@ def purge_files(lake: "Lake", name: str, ice: IcebergTable) -> int:
     if any(is_under(location, loc) for loc in others):
         return 0  # another table's folder holds this one: garbage collection decides file by file
     folders = [ice.location()]
-    if lake.home is not None and ice.metadata.properties.get("featurelake.sequence.key"):
+    if lake.cache_dir is not None and ice.metadata.properties.get("featurelake.sequence.key"):
         from featurelake.sequences import SequenceTable
 
         folders.append(str(SequenceTable(lake, name, ice).store_root))

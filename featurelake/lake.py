@@ -60,16 +60,27 @@ class Lake:
     ``Lake(home)`` opens (creating on first use) the embedded lake under
     ``home``; with ``create=False`` a missing lake is a LakeNotFoundError and
     nothing is created. ``Lake.from_env()`` follows the deployment's environment.
+
+    ``cache_dir`` is the local folder for what must live on a local disk
+    although the tables live on an object store: sequence store builds
+    (RocksDB, built from the table's events). Default: the embedded lake's
+    home, else ``$FEATURELAKE_CACHE_DIR``.
     """
 
     def __init__(
-        self, home: str | os.PathLike | None = None, *, catalog: Catalog | None = None, create: bool = True
+        self,
+        home: str | os.PathLike | None = None,
+        *,
+        catalog: Catalog | None = None,
+        create: bool = True,
+        cache_dir: str | os.PathLike | None = None,
     ) -> None:
         if catalog is not None:
             self.home: Path | None = Path(home).resolve() if home is not None else None
             self.catalog = catalog
             #: where the lake's tables live; garbage collection walks only this folder for orphans
             self.warehouse: str | None = catalog.properties.get("warehouse")
+            self.cache_dir = _cache_dir(cache_dir, self.home)
             return
         home = Path(home if home is not None else os.environ.get("FEATURELAKE_HOME", DEFAULT_HOME)).resolve()
         if not create and not lake_exists(home):
@@ -80,6 +91,7 @@ class Lake:
             self.home = home
             self.warehouse = str(warehouse)
             self.catalog = _sql_catalog(_sqlite_url(home / CATALOG_FILE), self.warehouse)
+        self.cache_dir: Path | None = _cache_dir(cache_dir, self.home)
 
     @classmethod
     def from_env(cls) -> "Lake":
@@ -100,7 +112,7 @@ class Lake:
         return cls.from_uri(uri, warehouse)
 
     @classmethod
-    def from_catalog(cls, name: str, **properties: str) -> "Lake":
+    def from_catalog(cls, name: str, *, cache_dir: str | os.PathLike | None = None, **properties: str) -> "Lake":
         """Open the lake of a pyiceberg catalog configured by name, the way pyiceberg users do:
         ``.pyiceberg.yaml`` or ``PYICEBERG_CATALOG__<NAME>__<PROPERTY>`` environment
         variables (read now, so secrets come from the environment at run time)."""
@@ -112,10 +124,12 @@ class Lake:
             raise CatalogConfigError(
                 f"no pyiceberg catalog named {name!r}: configure it in .pyiceberg.yaml or PYICEBERG_CATALOG__{name.upper()}__URI"
             )
-        return cls(catalog=load_catalog(name, **{**(configured or {}), **properties}))
+        return cls(catalog=load_catalog(name, **{**(configured or {}), **properties}), cache_dir=cache_dir)
 
     @classmethod
-    def from_uri(cls, uri: str, warehouse: str | None = None, **properties: str) -> "Lake":
+    def from_uri(
+        cls, uri: str, warehouse: str | None = None, *, cache_dir: str | os.PathLike | None = None, **properties: str
+    ) -> "Lake":
         """Open a lake on a configured catalog (no home folder).
 
         A catalog that cannot be opened raises :class:`CatalogUnavailableError`, whose message
@@ -124,7 +138,7 @@ class Lake:
         if not uri.startswith(("http://", "https://")) and not warehouse:
             raise ValueError("a SQL catalog needs a warehouse location (FEATURELAKE_WAREHOUSE)")
         try:
-            return cls(catalog=_open_catalog(uri, warehouse, **properties))
+            return cls(catalog=_open_catalog(uri, warehouse, **properties), cache_dir=cache_dir)
         except Exception as e:  # the driver's own error: translated below, outside this handler
             failure = f"{type(e).__name__}: {e}"
         raise CatalogUnavailableError(
@@ -313,6 +327,16 @@ def _env_properties() -> dict[str, str]:
 
     conf = Config().get_catalog_config(CATALOG_NAME) or {}
     return {k: str(v) for k, v in conf.items() if not isinstance(v, dict) and k not in ("uri", "warehouse", "type")}
+
+
+def _cache_dir(explicit: str | os.PathLike | None, home: Path | None) -> Path | None:
+    """The lake's local cache folder: as given, else the embedded home, else ``$FEATURELAKE_CACHE_DIR``."""
+    if explicit is not None:
+        return Path(explicit).expanduser().resolve()
+    if home is not None:
+        return home
+    env = os.environ.get("FEATURELAKE_CACHE_DIR")
+    return Path(env).expanduser().resolve() if env else None
 
 
 def _open_catalog(uri: str, warehouse: str | None, **properties: str) -> Catalog:

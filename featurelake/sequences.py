@@ -242,15 +242,16 @@ class SequenceTable(Table):
 
     @property
     def store_root(self) -> Path:
-        """Where this table's store builds live.
+        """Where this table's store builds live (RocksDB needs a local disk).
 
-        Embedded lakes: ``<home>/sequences/<table>``. Otherwise
-        ``$FEATURELAKE_SEQUENCE_HOME/<table>``, or next to the table when its
-        location is a local folder (RocksDB needs a local disk).
+        ``<lake.cache_dir>/sequences/<table>``: the embedded lake's home, or the
+        cache folder of a lake on a catalog (``Lake(..., cache_dir=...)`` or
+        ``$FEATURELAKE_CACHE_DIR``). Without one: ``$FEATURELAKE_SEQUENCE_HOME/<table>``,
+        or next to the table when its location is a local folder.
         """
+        if self.lake.cache_dir is not None:
+            return Path(self.lake.cache_dir) / "sequences" / self.name
         env = os.environ.get("FEATURELAKE_SEQUENCE_HOME")
-        if self.lake.home is not None:
-            return Path(self.lake.home) / "sequences" / self.name
         if env:
             return Path(env) / self.name
         loc = self._ice.location()
@@ -258,7 +259,8 @@ class SequenceTable(Table):
         if local is not None:  # garbage collection keeps its live builds (see live_builds)
             return Path(local) / STORE_DIR
         raise SequenceBuildError(
-            f"{self.name} lives at {loc}: set FEATURELAKE_SEQUENCE_HOME to a local folder for its sequence store"
+            f"{self.name} lives at {loc}: its sequence store needs a local folder: "
+            "set FEATURELAKE_CACHE_DIR or open the lake with cache_dir=..."
         )
 
     # -------------------------------------------------------------- writing

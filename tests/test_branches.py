@@ -5,6 +5,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from backends import both_backends
 from featurelake.errors import BranchNotFoundError, InvalidNameError, MergeConflictError
 from featurelake.synthetic import impressions_for_day, impressions_schema, impressions_table
 
@@ -19,10 +20,6 @@ def samples(lake):
     return t, data
 
 
-def parquet_files(lake) -> set:
-    return {p for p in (lake.home / "warehouse").rglob("*.parquet")}
-
-
 def heads(t) -> dict:
     return dict(t.branches())
 
@@ -35,12 +32,13 @@ def day_rows(day: int, n: int = 100) -> pa.Table:
     return pa.Table.from_batches(list(impressions_for_day(day, n, seed=77)))
 
 
-def test_create_branch_copies_nothing(samples, lake):
+@both_backends
+def test_create_branch_copies_nothing(samples, backend):
     t, data = samples
-    files = parquet_files(lake)
+    files = backend.files(".parquet")  # data, update, state and index files (metadata.json is new)
     start = t.create_branch("research/ctr-v2")
     assert start == t.branches()["main"] == t.branches()["research/ctr-v2"]
-    assert parquet_files(lake) == files
+    assert backend.files(".parquet") == files
     assert t.read(branch="research/ctr-v2").num_rows == data.num_rows
     s = t.stats("research/ctr-v2")
     assert s["exclusive_bytes"] == 0 and s["shared_bytes"] == s["bytes"]
@@ -79,6 +77,7 @@ def test_fast_forward_merge(samples):
     assert t.read(columns=["cand"])["cand"].null_count == data["f0"].null_count
 
 
+@both_backends
 def test_three_way_merge_of_different_columns_and_files(samples):
     t, data = samples
     t.create_branch("exp")
@@ -103,6 +102,7 @@ def test_three_way_merge_of_different_columns_and_files(samples):
     assert t.merge("exp") == head
 
 
+@both_backends
 def test_same_column_same_file_conflicts_and_writes_nothing(samples):
     t, data = samples
     t.create_branch("a")
@@ -159,6 +159,7 @@ def test_same_column_name_different_type_conflicts(samples):
     assert any(c == "score" and "type" in why for _, c, why in e.value.conflicts)
 
 
+@both_backends
 def test_rebase_replays_branch_on_new_main(samples):
     t, data = samples
     t.create_branch("exp")
@@ -174,6 +175,7 @@ def test_rebase_replays_branch_on_new_main(samples):
     assert got["cand"].to_pylist() == pc.multiply(got["f0"], 2.0).to_pylist()
 
 
+@both_backends
 def test_diff_and_storage_accounting(samples):
     t, data = samples
     t.create_branch("exp")
@@ -188,6 +190,7 @@ def test_diff_and_storage_accounting(samples):
     assert s["shared_bytes"] == t.stats("main")["bytes"]
 
 
+@both_backends
 def test_drop_branch_and_tags(samples):
     t, data = samples
     t.create_branch("exp")

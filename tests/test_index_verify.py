@@ -53,14 +53,16 @@ def duplicate_in_another_segment(segs):
 
 
 @pytest.mark.parametrize(
-    "change, expected",
+    "backend, change, expected",
     [
-        (drop_entries(1), {"missing": 1}),
-        (wrong_position, {"missing": 1, "wrong": 1}),
-        (duplicate_behind_the_right_entry, {"duplicate_entries": 1}),
-        (duplicate_in_another_segment, {"wrong": 1, "duplicate_entries": 1}),
+        ("local", drop_entries(1), {"missing": 1}),
+        ("local", wrong_position, {"missing": 1, "wrong": 1}),
+        ("local", duplicate_behind_the_right_entry, {"duplicate_entries": 1}),
+        ("local", duplicate_in_another_segment, {"wrong": 1, "duplicate_entries": 1}),
+        pytest.param("s3", duplicate_in_another_segment, {"wrong": 1, "duplicate_entries": 1}, marks=pytest.mark.s3),
     ],
-    ids=["dropped-entry", "wrong-position", "duplicate-entry-hidden", "duplicate-entry-other-segment"],
+    ids=["dropped-entry", "wrong-position", "duplicate-entry-hidden", "duplicate-entry-other-segment", "s3"],
+    indirect=["backend"],
 )
 def test_each_corruption_is_reported_and_rebuild_repairs_it(samples, change, expected):
     t = samples

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
 
+from backends import both_backends
 from featurelake import Lake
 from featurelake.errors import FeatureLakeError, NullKeyError, SchemaMismatchError, TableNotFoundError
 from featurelake.sequences import SequenceBuildError, SequenceTable
@@ -129,6 +131,7 @@ def test_lookup_matches_oracle(lake, chunk_events, codecs, groups):
     assert latest.to_pylist() == oracle(stored, list(range(32)), far, ["ts", "item_id"], 9)
 
 
+@both_backends
 def test_join_in_read_and_batches(lake):
     st = make_events(lake)
     events = events_with_ties(40, 80, seed=11)
@@ -178,6 +181,7 @@ def test_join_in_read_and_batches(lake):
         samples.read(sequences={"label": view})
 
 
+@both_backends
 def test_rebuild_after_appends_incremental(lake):
     st = make_events(lake)
     first = events_with_ties(25, 60, seed=21)
@@ -397,6 +401,7 @@ def test_cli_seq_commands(lake):
     assert res.exit_code == 0 and "builds" in res.output.lower()
 
 
+@both_backends
 def test_compaction_keeps_the_build_in_service(lake):
     st = make_events(lake)
     for seed in (41, 42, 43):  # three appends: three small files per day to compact
@@ -458,3 +463,30 @@ def test_decoded_bytes_follow_projection_and_max_len(lake):
     short, long = decoded(["item_id"], 8), decoded(["item_id"], 64)
     assert 1.2 * short < long
     assert decoded(["item_id"], 64) < decoded(["item_id", "dwell"], 64)
+
+
+@pytest.mark.s3
+def test_store_of_an_s3_table_lives_in_the_cache_dir(seaweed, s3_lake, tmp_path, monkeypatch):
+    """Events on S3, the store on local disk: ``cache_dir=`` or ``$FEATURELAKE_CACHE_DIR``; without
+    either the build is refused before anything is written."""
+    props = seaweed.catalog_properties()
+    monkeypatch.delenv("FEATURELAKE_SEQUENCE_HOME", raising=False)
+    monkeypatch.delenv("FEATURELAKE_CACHE_DIR", raising=False)
+    st = make_events(s3_lake)
+    st.append(events_with_ties(5, 10, seed=51))
+    with pytest.raises(SequenceBuildError, match="FEATURELAKE_CACHE_DIR"):
+        st.build()
+    monkeypatch.setenv("FEATURELAKE_CACHE_DIR", str(tmp_path / "env-cache"))
+    from_env = Lake.from_uri(seaweed.catalog_uri, seaweed.warehouse, **props)
+    assert from_env.cache_dir == (tmp_path / "env-cache").resolve()
+    given = Lake.from_uri(seaweed.catalog_uri, seaweed.warehouse, cache_dir=tmp_path / "given", **props)
+    assert given.cache_dir == (tmp_path / "given").resolve()  # an explicit folder wins over the environment
+    built = given.sequence_table("ml.events").build()
+    root = (tmp_path / "given" / "sequences" / "ml.events").resolve()
+    assert Path(built.path).resolve().parent == root and (Path(built.path) / "build.json").exists()
+    later = [T0 + dt.timedelta(days=9)] * 3
+    got = given.sequence_table("ml.events").lookup([0, 1, 2], before=later, columns=["ts", "item_id"])
+    assert got.to_pylist() == oracle(st.read(), [0, 1, 2], later, ["ts", "item_id"])
+    assert from_env.sequence_table("ml.events").builds() == []  # another cache: no build there yet
+    given.drop_table("ml.events", purge=True)  # purging the table purges its store in the cache
+    assert not [p for p in root.rglob("*") if p.is_file()]

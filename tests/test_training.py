@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from backends import both_backends
 from featurelake import Lake
 from featurelake.errors import FeatureLakeError, SchemaMismatchError
 from featurelake.training import TrainingReader, shuffle_quality
@@ -201,6 +202,7 @@ def test_state_from_another_layout_is_refused(samples):
         r.load_state_dict({"epoch": 1})
 
 
+@both_backends
 def test_snapshot_is_fixed_at_construction_with_filters_and_branches(lake):
     samples = make_samples(lake)
     before = samples.read(columns=["k"], filter="label = 1").column("k").to_pylist()
@@ -227,6 +229,7 @@ def test_list_columns_and_locator_pass_through(samples):
     assert out.select(["k", "tags"]).sort_by("k").equals(oracle)
 
 
+@both_backends
 def test_sequence_join(lake):
     from featurelake.synthetic import user_events_schema
 

@@ -3,20 +3,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from dagster import AssetKey, materialize
 
+from backends import both_backends
 from dagster_test_helpers import ROWS
 
 DAYS = ["2026-01-01", "2026-01-02"]
 
 
-def _materialize(key, lake_home, instance, rows=ROWS):
+def _materialize(key, resource, instance, rows=ROWS):
     from assets.main import main_assets
-    from resources import LakeResource
 
     return materialize(
         main_assets,
         instance=instance,
         partition_key=key,
-        resources={"lake": LakeResource(home=str(lake_home))},
+        resources={"lake": resource},
         run_config={"ops": {"raw_impressions": {"config": {"rows_per_day": rows}}}},
     )
 
@@ -39,13 +39,14 @@ def _metadata(result, node):
     return {k: v.value for k, v in mat.metadata.items()}
 
 
-def test_materialize_two_days_then_rematerialize(lake_home, instance):
+@both_backends
+def test_materialize_two_days_then_rematerialize(env_resource, instance):
     from featurelake import Lake
 
-    results = [_materialize(day, lake_home, instance) for day in DAYS]
+    results = [_materialize(day, env_resource, instance) for day in DAYS]
     assert all(r.success for r in results)
 
-    lake = Lake(lake_home)
+    lake = Lake.from_env()  # opened apart from the resource, from the same environment
     t = lake.table("ml.samples")
     oracle = _oracle([0, 1])
     got = t.read()
@@ -78,9 +79,9 @@ def test_materialize_two_days_then_rematerialize(lake_home, instance):
         assert instance.get_materialized_partitions(AssetKey(name)) == set(DAYS)
 
     # re-materializing a day replaces it: no duplicates, same data, a new snapshot
-    again = _materialize(DAYS[0], lake_home, instance)
+    again = _materialize(DAYS[0], env_resource, instance)
     assert again.success
-    t = Lake(lake_home).table("ml.samples")
+    t = Lake.from_env().table("ml.samples")
     got = t.read()
     assert got.num_rows == 2 * ROWS
     assert pc.count_distinct(got.column("sample_id")).as_py() == 2 * ROWS
@@ -89,6 +90,11 @@ def test_materialize_two_days_then_rematerialize(lake_home, instance):
     assert md["rows"] == 2 * ROWS
     assert int(md["snapshot_id"]) != first_snapshot
     assert t.stats()["rows"] == 2 * ROWS
+    # the S3 secret came from the environment at run time and is nowhere in the instance's logs
+    from seaweed import SECRET_KEY
+
+    for result in (*results, again):
+        assert SECRET_KEY not in repr(instance.all_logs(result.run_id))
 
 
 def test_samples_without_landed_raw_fails_cleanly(lake_home, instance):

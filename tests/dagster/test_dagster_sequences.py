@@ -5,6 +5,7 @@ from ``featurelake.synthetic.user_events``, and per training row the user's
 events with ts < the row's ts, ordered by (ts, event id), the last N, projected.
 """
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -13,6 +14,7 @@ import pyarrow.compute as pc
 import pytest
 from dagster import materialize
 
+from backends import both_backends
 from dagster_test_helpers import ROWS
 
 DAYS = ["2026-01-01", "2026-01-02"]
@@ -20,10 +22,11 @@ EVENTS_PER_USER = 2  # per user per day: ~20k events a day over the 10k impressi
 EVENT_COLUMNS = ["user_id", "ts", "item_id", "event_type", "dwell"]
 
 
-def _resources(lake_home):
+def _resources(lake):
+    """``lake``: an embedded lake's folder, or the LakeResource to use."""
     from resources import LakeResource
 
-    return {"lake": LakeResource(home=str(lake_home))}
+    return {"lake": lake if isinstance(lake, LakeResource) else LakeResource(home=str(lake))}
 
 
 def _run(assets, lake_home, instance, key=None, store_config=None, raise_on_error=True):
@@ -67,23 +70,24 @@ def _sorted_rows(table: pa.Table) -> pa.Table:
     return table.select(EVENT_COLUMNS).sort_by([(c, "ascending") for c in EVENT_COLUMNS[:3]])
 
 
-def test_user_events_days_replaced_not_duplicated(lake_home, instance):
+@both_backends
+def test_user_events_days_replaced_not_duplicated(env_resource, instance):
     from assets.main import START
     from assets.sequences import EVENTS_TABLE, user_events
     from featurelake.synthetic import impressions_for_day
 
     per_day = {}
     for key in DAYS:
-        md = _metadata(_run([user_events], lake_home, instance, key), "user_events")
+        md = _metadata(_run([user_events], env_resource, instance, key), "user_events")
         per_day[key] = md
         assert md["mode"] == "delete+append" and md["replaced_events"] == 0
         assert md["events"] == _oracle_events([key]).num_rows > 0
-    st = _resources(lake_home)["lake"].lake().sequence_table(EVENTS_TABLE)
+    st = _resources(env_resource)["lake"].lake().sequence_table(EVENTS_TABLE)
     oracle = _oracle_events(DAYS)
     assert st.stats()["rows"] == oracle.num_rows == sum(md["events"] for md in per_day.values())
 
     # day 2 again: replaced, never doubled; day 1 untouched
-    again = _metadata(_run([user_events], lake_home, instance, DAYS[1]), "user_events")
+    again = _metadata(_run([user_events], env_resource, instance, DAYS[1]), "user_events")
     assert again["replaced_events"] == again["events"] == per_day[DAYS[1]]["events"]
     assert again["table_events"] == oracle.num_rows
     got = st.read(columns=EVENT_COLUMNS)
@@ -96,6 +100,19 @@ def test_user_events_days_replaced_not_duplicated(lake_home, instance):
     users = set(got.column("user_id").to_pylist())
     seen = [u in users for u in impressions.column("user_id").to_pylist()]
     assert sum(seen) / len(seen) > 0.9
+
+    # the store is built from those events into the lake's local cache (the home, or FEATURELAKE_CACHE_DIR)
+    from assets.sequences import sequence_store
+
+    md = _metadata(_run([sequence_store], env_resource, instance), "sequence_store")
+    assert md["mode"] == "full" and md["events"] == oracle.num_rows
+    build = st.build_for()
+    assert build.build_id == md["build_id"]
+    assert Path(build.path).resolve().is_relative_to(env_resource.lake().cache_dir)
+    far = datetime(2026, 2, 1)
+    some = got.column("user_id").to_pylist()[:5]
+    hist = st.lookup(some, before=far, columns=["ts", "item_id"]).to_pylist()
+    assert [len(h) for h in hist] == [pc.sum(pc.equal(got["user_id"], u)).as_py() for u in some]
 
 
 def _oracle_hist(events: pd.DataFrame, rows: pd.DataFrame, columns, max_len) -> list:

@@ -7,6 +7,7 @@ import pyarrow as pa
 import pytest
 from dagster import AssetKey, build_schedule_context, materialize
 
+from backends import both_backends
 from featurelake.synthetic import impressions_for_day, impressions_schema
 
 KEY = "sample_id"
@@ -20,10 +21,8 @@ def rows(d: int, batch: int, n: int = 30) -> pa.Table:
 
 
 @pytest.fixture
-def resource(lake_home):
-    from resources import LakeResource
-
-    return LakeResource(home=str(lake_home))
+def resource(env_resource):
+    return env_resource  # the deployment's resource, from the environment (lake_env)
 
 
 @pytest.fixture
@@ -117,14 +116,13 @@ class SensorDaemon:
 
 
 @pytest.fixture
-def daemon(tmp_path, lake_home, table, monkeypatch):
+def daemon(tmp_path, lake_env, table):
     from dagster import DagsterInstance
     from dagster._core.remote_origin import InProcessCodeLocationOrigin
     from dagster._core.test_utils import create_test_daemon_workspace_context
     from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
     from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
 
-    monkeypatch.setenv("FEATURELAKE_HOME", str(lake_home))
     home = tmp_path / "daemon-instance"
     home.mkdir()
     (home / "dagster.yaml").write_text(DAEMON_YAML)
@@ -148,7 +146,7 @@ def _compaction_metadata(instance, run_id: str) -> dict:
     return {k: v.value for k, v in event.dagster_event.step_materialization_data.materialization.metadata.items()}
 
 
-def test_sensor_runs_through_the_daemon_once_per_run_key(daemon, table):
+def test_sensor_runs_through_the_daemon_once_per_run_key(daemon, table, backend):
     from dagster import DagsterRunStatus
 
     from daemon_sensor_defs import SENSOR
@@ -179,8 +177,7 @@ def test_sensor_runs_through_the_daemon_once_per_run_key(daemon, table):
     append_small_files(table, 4, start=10)
     bad = next(t.file.file_path for t in table.scan().tasks() if t.file.file_path not in compacted)
     failing_head = table.stats()["snapshot_id"]
-    with open(bad.removeprefix("file://"), "r+b") as f:
-        f.write(b"garbage!" * 64)
+    backend.overwrite(bad, b"garbage!" * 64 + backend.read_bytes(bad)[512:])
     third = daemon.tick()
     assert third.run_keys == [f"{TABLE}|main|{failing_head}"]
     assert [r.status for r in daemon.runs()].count(DagsterRunStatus.FAILURE) == 1
@@ -213,6 +210,7 @@ def test_sensor_evaluation_is_stable_without_a_cursor(instance, resource, table,
     assert [r.run_key for r in evaluate(sensor_def, instance, resource).run_requests] == [req.run_key]
 
 
+@both_backends
 def test_sensor_triggers_on_update_layers_per_branch(daemon, table):
     from dagster import DagsterRunStatus
 
@@ -273,12 +271,12 @@ def test_compaction_asset_refuses_bad_partitions(instance, resource, table):
 
 
 # ---------------------------------------------------------------- nightly schedule
-def test_nightly_schedule_runs_expiry_and_gc(monkeypatch, lake_home, instance, resource, table):
+@both_backends
+def test_nightly_schedule_runs_expiry_and_gc(instance, resource, table, backend):
     from platform_defs import build_defs
     from platform_defs.schedules import nightly_maintenance_schedule
 
-    monkeypatch.setenv("FEATURELAKE_HOME", str(lake_home))
-    defs = build_defs()
+    defs = build_defs()  # the production definitions, their lake from the environment (lake_env)
     prod = defs.resolve_schedule_def("nightly_maintenance")
     assert prod.cron_schedule == "0 3 * * *" and prod.job_name == "nightly_maintenance_job"
     graph = defs.resolve_asset_graph()
@@ -311,6 +309,7 @@ def test_nightly_schedule_runs_expiry_and_gc(monkeypatch, lake_home, instance, r
     assert len(table.iceberg.metadata.snapshots) == snapshots
 
     # the real thing: expired and freed what the dry run forecast
+    stored = backend.files()
     real = run(nightly_maintenance_schedule("real", older_than_days=0, grace_days=0))
     assert real["snapshot_expiry"]["snapshots_expired"] == snapshots - 1
     assert real["garbage_collection"]["files"] == dry["snapshot_expiry"]["would_free_files"]
@@ -318,6 +317,11 @@ def test_nightly_schedule_runs_expiry_and_gc(monkeypatch, lake_home, instance, r
     assert len(table.iceberg.metadata.snapshots) == 1
     assert table.read().num_rows == 90  # still readable
     assert resource.lake().collect_garbage(older_than=timedelta(0), dry_run=True).files == []
+    # the store, listed by its own client: exactly the files GC reported are gone
+    left = backend.files()
+    assert all(p.endswith(".metadata.json") for p in left - stored)  # the expiry's commit
+    assert len(stored - left) == real["garbage_collection"]["files"] > 0
+    assert {backend.name_of(p) for p in real["garbage_collection"]["sample_files"]} <= stored - left
 
 
 def test_sensor_leaves_a_branch_whose_compaction_is_running(instance, resource, table, sensor_def):

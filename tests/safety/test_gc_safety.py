@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
 import pytest
 
+from backends import both_backends
 from featurelake import Lake
 from featurelake.errors import GarbageCollectionError
 
@@ -23,25 +23,14 @@ NOW = timedelta(0)
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("x", pa.float64())])
 
 
-@pytest.fixture(params=["local", "s3"])
-def gc_lake(request, tmp_path):
-    """(lake, list_files): the lake and an independent listing of every file it stores."""
-    if request.param == "local":
-        lake = Lake(tmp_path / "lake")
-        root = Path(lake.warehouse)
-        return lake, lambda: _walk(root)
-    lake = request.getfixturevalue("s3_lake")
-    fs = request.getfixturevalue("seaweed").filesystem()
-    return lake, lambda: _bucket(fs)
+@pytest.fixture
+def gc_lake(backend):
+    """(lake, list_files): the lake and an independent listing of every file it stores (tests/backends.py)."""
+    return backend.lake, backend.files
 
 
 def _walk(root: Path) -> set[str]:
     return {str(Path(d) / f) for d, _, files in os.walk(root) for f in files}
-
-
-def _bucket(fs) -> set[str]:
-    infos = fs.get_file_info(pafs.FileSelector("warehouse/", recursive=True))
-    return {"s3://" + i.path for i in infos if i.type == pafs.FileType.File}
 
 
 def _plain(uri: str) -> str:
@@ -77,6 +66,7 @@ def _history(lake: Lake, name: str = "ns.t") -> tuple[pa.Table, set[str]]:
     return oracle, before_compact
 
 
+@both_backends
 def test_gc_deletes_exactly_the_unreferenced_files(gc_lake):
     """Issue 10 item 1: on S3 the old GC listed `bucket/key` against `s3://bucket/key` and deleted everything."""
     lake, listing = gc_lake
@@ -107,6 +97,7 @@ def test_gc_deletes_exactly_the_unreferenced_files(gc_lake):
     assert lake.collect_garbage(older_than=NOW, dry_run=True).files == []
 
 
+@both_backends
 def test_negative_grace_period_is_refused_and_deletes_nothing(gc_lake):
     lake, listing = gc_lake
     _history(lake)
@@ -117,6 +108,7 @@ def test_negative_grace_period_is_refused_and_deletes_nothing(gc_lake):
     assert {s.snapshot_id for s in lake.table("ns.t").iceberg.metadata.snapshots} == snaps
 
 
+@both_backends
 def test_drop_table_purge_deletes_its_files_and_keeps_the_others(gc_lake):
     lake, listing = gc_lake
     lake.create_table("ns.keep", SCHEMA, primary_key="id").append(_rows([1], [1.0]))
@@ -216,6 +208,7 @@ def test_two_lakes_at_escaped_and_unescaped_names_never_touch_each_other(tmp_pat
     assert _same(Lake(tmp_path / "a%20b").table("ns.t").read(), oracle_escaped)
 
 
+@pytest.mark.s3
 def test_lake_from_env_opens_a_pyiceberg_catalog_by_name(seaweed, s3_lake, monkeypatch):
     """Issue 11 item 2: FEATURELAKE_CATALOG names a catalog configured the pyiceberg way."""
     monkeypatch.setenv("FEATURELAKE_CATALOG", "research")
