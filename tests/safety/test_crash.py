@@ -75,8 +75,10 @@ def _run_child(ctx, home: Path, kind: str, names: dict, kill_at: int, delay: flo
     if delay is not None:
         assert started.wait(60)
         time.sleep(delay)
-        if proc.is_alive():
+        try:  # a forkserver child is reaped by the forkserver: it may be gone already
             os.kill(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:  # it finished before the delay ran out
+            pass
     proc.join(120)
     assert proc.exitcode in (0, -signal.SIGKILL), f"{kind}: child exit {proc.exitcode}"
     if proc.exitcode == 0:
