@@ -16,8 +16,9 @@ resource started it.
 """
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from dagster_ray import Lifecycle, RayResource
 from pydantic import Field
@@ -84,6 +85,15 @@ class RayCluster(RayResource):
         connect(self.ray_address, **self.ray_init_options)
         self._context = ray.get_runtime_context()
         return self._context
+
+    @contextlib.contextmanager
+    def yield_for_execution(self, context: Any) -> Iterator["RayCluster"]:
+        """Nothing at run start (a run that stays in-process must not pay for Ray, not even
+        its import); :meth:`ensure_connected` joins the cluster on the first Ray path."""
+        try:
+            yield self
+        finally:
+            self.cleanup(context, None)
 
     def ensure_connected(self, context: Any) -> None:
         if not self.connected:
