@@ -158,8 +158,10 @@ def labels_match_landing(context: AssetCheckExecutionContext, lake: LakeResource
 
 def freshness_checks(hours=None) -> list:
     """Last-update freshness checks of ``samples`` and ``labels`` (default FEATURELAKE_FRESHNESS_HOURS)."""
-    return list(build_last_update_freshness_checks(
-        assets=[samples, labels], lower_bound_delta=timedelta(hours=hours or freshness_hours())))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "superseded" (see above)
+        return list(build_last_update_freshness_checks(
+            assets=[samples, labels], lower_bound_delta=timedelta(hours=hours or freshness_hours())))
 
 
 blocking_checks = [samples_keys_unique, samples_match_landing, labels_match_landing]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
 
-from dagster import AssetKey, DagsterInstance
+from dagster import AssetCheckKey, AssetKey, DagsterInstance
 
 #: ``location_name`` of the code location in workspace.yaml.
 LOCATION_NAME = "featurelake"
@@ -38,10 +38,13 @@ def run_job(
     run_config: Optional[Mapping[str, Any]] = None,
     tags: Optional[Mapping[str, str]] = None,
     asset_selection: Optional[Sequence[str]] = None,
+    asset_check_selection: Optional[Sequence[AssetCheckKey]] = None,
     raise_on_error: bool = True,
 ):
-    """Run job ``job_name`` (optionally a subset of its assets) once, in process; returns its result.
+    """Run job ``job_name`` (optionally a subset of its assets and checks) once, in process.
 
+    ``asset_selection`` names assets (their checks come along); ``asset_check_selection``
+    alone runs just those checks against what the lake holds now.
     ``resources`` replace the deployment's (e.g. ``{"lake": LakeResource(home=...)}``).
     The result has ``success``, ``run_id`` and the event accessors of
     ``dagster.ExecuteInProcessResult`` (``get_asset_materialization_events`` ...).
@@ -55,8 +58,9 @@ def run_job(
 
     job_def = build_defs(resources=dict(resources)).resolve_job_def(job_name)
     keys = [AssetKey.from_user_string(k) for k in asset_selection] if asset_selection else None
-    if keys:
-        job_def = job_def.get_subset(asset_selection=set(keys))
+    checks = set(asset_check_selection) if asset_check_selection else None
+    if keys or checks:
+        job_def = job_def.get_subset(asset_selection=set(keys or ()), asset_check_selection=checks)
     config = {**IN_PROCESS, **dict(run_config or {})}
     origin = run_origin(job_name)
     run_tags = dict(merge_run_tags(job_def, partition_key, tags, keys, instance, config))
