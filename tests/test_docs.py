@@ -106,7 +106,8 @@ def test_code_blocks_run(doc: Path, clean_dir, monkeypatch):
                 result = runner.invoke(app, command[1:])
                 assert result.exit_code == 0, (where, command, result.output, result.exception)
         ran += 1
-    assert ran, f"{doc.name} has no block that runs"
+    if doc.name in ("README.md", "capabilities.md"):
+        assert ran >= 5, f"{doc.name}: its examples are not found any more"
 
 
 def test_blocks_and_commands_are_parsed_as_written():
