@@ -31,9 +31,11 @@ test-torch: setup
 	$(PY) -m pip install -q -c constraints.txt -e ".[dev,torch]"
 	$(PY) -m pytest -q -rs tests/test_torch.py
 
+# tools/dagster_ui.py stops `dagster dev` and all its processes within seconds on Ctrl-C.
+UI_ARGS ?=
 ui: setup
 	mkdir -p "$(DAGSTER_HOME)"
-	$(VENV)/bin/dagster dev -w workspace.yaml
+	exec $(PY) tools/dagster_ui.py -w workspace.yaml $(UI_ARGS)
 
 bench: setup
 	$(PY) -m pip install -q -c constraints.txt -e ".[dev,bench]"

@@ -46,6 +46,7 @@ from dagster import (
 )
 
 from assets.main import PRIMARY_KEY, SAMPLES_TABLE, raw_impressions, samples
+from assets.metadata import with_mib
 from resources import LakeResource
 
 GROUP = "labels"
@@ -213,7 +214,7 @@ def target_labels(context: AssetExecutionContext, lake: LakeResource) -> Materia
         f"shares {stats.get('shared_bytes')} with other refs; main {'unchanged' if main_before == main_after else 'MOVED'}"
     )
     return MaterializeResult(
-        metadata={
+        metadata=with_mib({
             "target": MetadataValue.text(name),
             "branch": MetadataValue.text(branch),
             "table": MetadataValue.text(SAMPLES_TABLE),
@@ -234,7 +235,7 @@ def target_labels(context: AssetExecutionContext, lake: LakeResource) -> Materia
             "main_snapshot_id": MetadataValue.text(str(main_after)),
             "main_unchanged": MetadataValue.bool(main_before == main_after),
             "seconds": MetadataValue.float(round(seconds, 4)),
-        }
+        })
     )
 
 

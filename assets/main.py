@@ -42,6 +42,7 @@ from dagster import (
 )
 from pydantic import Field
 
+from assets.metadata import with_mib
 from resources import RAY, LakeResource, RayCluster, path_metadata
 
 GROUP = "main"
@@ -57,12 +58,44 @@ USER_CTR = "user_ctr_1d"
 LABEL_COLUMNS = [LABEL_COLUMN, USER_IMPRESSIONS, USER_CTR]
 
 DEFAULT_START = "2026-01-01"
+#: Daily partitions by default: the days the demo materializes, so the UI shows them all filled.
+DEFAULT_PARTITION_DAYS = 3
 DEFAULT_ROWS_PER_DAY = 20_000
 
 
 def demo_start() -> date:
-    """First day of the demo data (FEATURELAKE_DEMO_START, default 2026-01-01)."""
-    return date.fromisoformat(os.environ.get("FEATURELAKE_DEMO_START") or DEFAULT_START)
+    """First daily partition and first day of the synthetic data.
+
+    FEATURELAKE_PARTITIONS_START (or the older FEATURELAKE_DEMO_START), default 2026-01-01.
+    """
+    for name in ("FEATURELAKE_PARTITIONS_START", "FEATURELAKE_DEMO_START"):
+        raw = os.environ.get(name)
+        if raw:
+            try:
+                return date.fromisoformat(raw)
+            except ValueError as e:
+                raise ValueError(f"{name}={raw!r} is not a date (YYYY-MM-DD)") from e
+    return date.fromisoformat(DEFAULT_START)
+
+
+def partition_days() -> Optional[int]:
+    """How many daily partitions exist: FEATURELAKE_PARTITIONS_DAYS, default 3 (the demo's days).
+
+    ``open`` (or 0) makes them open-ended: one partition per day up to yesterday, as a
+    production deployment with a daily schedule wants.
+    """
+    raw = (os.environ.get("FEATURELAKE_PARTITIONS_DAYS") or "").strip().lower()
+    if not raw:
+        return DEFAULT_PARTITION_DAYS
+    if raw in ("open", "0"):
+        return None
+    try:
+        days = int(raw)
+    except ValueError:
+        days = -1
+    if days < 0:
+        raise ValueError(f"FEATURELAKE_PARTITIONS_DAYS={raw!r} is not a number of days or 'open'")
+    return days
 
 
 def default_rows_per_day() -> int:
@@ -71,7 +104,11 @@ def default_rows_per_day() -> int:
 
 
 START = demo_start()
-daily_partitions = DailyPartitionsDefinition(start_date=START.isoformat())
+PARTITION_DAYS = partition_days()
+daily_partitions = DailyPartitionsDefinition(
+    start_date=START.isoformat(),
+    end_date=(START + timedelta(days=PARTITION_DAYS)).isoformat() if PARTITION_DAYS else None,
+)
 
 
 def partition_day(partition_key: str) -> date:
@@ -154,7 +191,7 @@ def raw_impressions(
     size = path.stat().st_size
     context.log.info(f"landed {rows} impressions for {day} in {path} ({size} bytes)")
     return MaterializeResult(
-        metadata={
+        metadata=with_mib({
             "rows": MetadataValue.int(rows),
             "dagster/row_count": MetadataValue.int(rows),
             "files": MetadataValue.int(1),
@@ -163,7 +200,7 @@ def raw_impressions(
             "day": MetadataValue.text(day.isoformat()),
             "seed": MetadataValue.int(config.seed),
             "seconds": MetadataValue.float(round(seconds, 4)),
-        }
+        })
     )
 
 
@@ -268,7 +305,7 @@ def samples(context: AssetExecutionContext, lake: LakeResource) -> MaterializeRe
         f"(snapshot {snapshot_id}); table now {stats.get('rows')} rows"
     )
     return MaterializeResult(
-        metadata={
+        metadata=with_mib({
             "table": MetadataValue.text(SAMPLES_TABLE),
             "lake": MetadataValue.text(lake.describe()),
             "filter": MetadataValue.text(filt),
@@ -283,7 +320,7 @@ def samples(context: AssetExecutionContext, lake: LakeResource) -> MaterializeRe
             "snapshot_id": MetadataValue.text(str(snapshot_id)),
             "snapshots": MetadataValue.int(int(stats.get("snapshots", 0))),
             "seconds": MetadataValue.float(round(seconds, 4)),
-        }
+        })
     )
 
 
@@ -401,7 +438,7 @@ def labels(
         f"{data_bytes} data bytes; snapshot {snapshot_id})"
     )
     return MaterializeResult(
-        metadata={
+        metadata=with_mib({
             "table": MetadataValue.text(SAMPLES_TABLE),
             "day": MetadataValue.text(day.isoformat()),
             "columns": MetadataValue.text(", ".join(LABEL_COLUMNS)),
@@ -424,7 +461,7 @@ def labels(
             "snapshot_id": MetadataValue.text(str(snapshot_id)),
             "seconds": MetadataValue.float(round(seconds, 4)),
             **path_metadata(ray_path, ray_tasks),
-        }
+        })
     )
 
 

@@ -47,6 +47,7 @@ from dagster import (
 )
 from pydantic import Field
 
+from assets.metadata import records_table, with_mib
 from resources import RAY, LakeResource, RayCluster, path_metadata
 
 GROUP = "maintenance"
@@ -191,7 +192,7 @@ def compaction(
     for path in report.bad_files:
         context.log.warning(f"{name}@{branch}: unreadable data file left in place: {path}")
     return MaterializeResult(
-        metadata={
+        metadata=with_mib({
             "table": MetadataValue.text(name),
             "branch": MetadataValue.text(branch),
             "lake": MetadataValue.text(lake.describe()),
@@ -215,7 +216,7 @@ def compaction(
             "snapshot_before": _text_id(before.get("snapshot_id")),
             "snapshot_after": _text_id(after.get("snapshot_id")),
             "seconds": MetadataValue.float(round(float(report.seconds), 4)),
-        }
+        })
     )
 
 
@@ -286,7 +287,7 @@ def snapshot_expiry(
         "retain_last": MetadataValue.int(config.retain_last),
         "tables": MetadataValue.int(len(per_table)),
         "snapshots_expired": MetadataValue.int(total),
-        "per_table": MetadataValue.json(per_table),
+        "per_table": records_table(per_table),
         "seconds": MetadataValue.float(round(seconds, 4)),
     }
     if forecast is not None:  # what expiry + GC would give back (ignoring the grace period)
@@ -297,7 +298,7 @@ def snapshot_expiry(
             f"snapshot_expiry failed on {len(errors)} table(s): {sorted(errors)}",
             metadata={**metadata, "errors": MetadataValue.json(errors)},
         )
-    return MaterializeResult(metadata=metadata)
+    return MaterializeResult(metadata=with_mib(metadata))
 
 
 @asset(
@@ -319,16 +320,16 @@ def garbage_collection(
         f"({report.kept_young} unreferenced files younger than {config.grace_days} days kept)"
     )
     return MaterializeResult(
-        metadata={
+        metadata=with_mib({
             "dry_run": MetadataValue.bool(config.dry_run),
             "grace_days": MetadataValue.float(float(config.grace_days)),
             "files": MetadataValue.int(len(report.files)),
             "bytes": MetadataValue.int(int(report.bytes)),
             "kept_young": MetadataValue.int(int(report.kept_young)),
-            "per_table": MetadataValue.json(report.tables),
+            "per_table": records_table(report.tables),
             "sample_files": MetadataValue.json(sorted(report.files)[:20]),
             "seconds": MetadataValue.float(round(float(report.seconds), 4)),
-        }
+        })
     )
 
 

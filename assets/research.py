@@ -89,6 +89,7 @@ from pydantic import Field
 from assets import label_targets as labels_group
 from assets.feature_defs import FEATURES
 from assets.main import SAMPLES_TABLE, samples
+from assets.metadata import with_mib
 from resources import LakeResource
 
 GROUP = "research"
@@ -248,7 +249,7 @@ def research_branch(
         f"candidates {features} ({source})" + (f"; retired columns {retired}" if retired else "")
     )
     return MaterializeResult(
-        metadata={
+        metadata=with_mib({
             "branch": MetadataValue.text(branch),
             "table": MetadataValue.text(SAMPLES_TABLE),
             "features": MetadataValue.json(features),
@@ -257,7 +258,7 @@ def research_branch(
             "reset": MetadataValue.bool(previous is not None),
             "previous_head": MetadataValue.text(str(previous) if previous is not None else ""),
             "retired_columns": MetadataValue.text(", ".join(retired)),
-        }
+        })
     )
 
 
@@ -293,7 +294,7 @@ def branch_features(context: AssetExecutionContext, lake: LakeResource) -> Mater
         f"({report.update_files} update files, {report.bytes_written} bytes; snapshot {snapshot_id})"
     )
     return MaterializeResult(
-        metadata={
+        metadata=with_mib({
             "branch": MetadataValue.text(branch),
             "features": MetadataValue.json(features),
             "descriptions": MetadataValue.json({f: FEATURES.get(f).description for f in features}),
@@ -309,7 +310,7 @@ def branch_features(context: AssetExecutionContext, lake: LakeResource) -> Mater
             "shared_bytes": MetadataValue.int(int(stats.get("shared_bytes", 0))),
             "snapshot_id": MetadataValue.text(str(snapshot_id)),
             "seconds": MetadataValue.float(round(seconds, 4)),
-        }
+        })
     )
 
 
@@ -428,7 +429,7 @@ def branch_merge(context: AssetExecutionContext, lake: LakeResource) -> Material
         )
     stats = t.stats(branch)
     return MaterializeResult(
-        metadata={
+        metadata=with_mib({
             "branch": MetadataValue.text(branch),
             "features": MetadataValue.json(features),
             "gate": MetadataValue.text(gate),
@@ -443,7 +444,7 @@ def branch_merge(context: AssetExecutionContext, lake: LakeResource) -> Material
             "bytes_merged": MetadataValue.int(int(diff["bytes_added"])),
             "branch_exclusive_bytes": MetadataValue.int(int(stats.get("exclusive_bytes", 0))),
             "seconds": MetadataValue.float(round(seconds, 4)),
-        }
+        })
     )
 
 

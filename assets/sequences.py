@@ -60,6 +60,7 @@ from dagster import (
 from pydantic import Field
 
 from assets.main import GROUP, START, daily_partitions, day_filter, day_index, partition_day
+from assets.metadata import with_mib
 from resources import RAY, LakeResource, RayCluster, path_metadata
 
 EVENTS_TABLE = "ml.user_events"
@@ -235,7 +236,7 @@ def user_events(
         f"{replaced} replaced); table now {rows_after} events (snapshot {snapshot_id})"
     )
     return MaterializeResult(
-        metadata={
+        metadata=with_mib({
             "table": MetadataValue.text(EVENTS_TABLE),
             "day": MetadataValue.text(day.isoformat()),
             "events": MetadataValue.int(events.num_rows),
@@ -250,7 +251,7 @@ def user_events(
             "snapshot_id": MetadataValue.text(str(snapshot_id)),
             "seed": MetadataValue.int(config.seed),
             "seconds": MetadataValue.float(round(seconds, 4)),
-        }
+        })
     )
 
 
@@ -330,7 +331,7 @@ def sequence_store(
         f"({info.store_bytes} in the store), {info.seconds:.3f} s"
     )
     return MaterializeResult(
-        metadata={
+        metadata=with_mib({
             "table": MetadataValue.text(EVENTS_TABLE),
             "build_id": MetadataValue.text(info.build_id),
             # snapshot ids are 63-bit: text keeps them exact in the UI (GraphQL ints are 32-bit)
@@ -358,7 +359,7 @@ def sequence_store(
             "path": MetadataValue.path(str(info.path)),
             "seconds": MetadataValue.float(round(seconds, 4)),
             **path_metadata(ray_path, info.tasks),
-        }
+        })
     )
 
 

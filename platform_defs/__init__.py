@@ -7,9 +7,12 @@ FEATURELAKE_CATALOG_URI (+ FEATURELAKE_WAREHOUSE) -> a catalog-backed lake.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from dagster import AssetSelection, Definitions, define_asset_job
 
 from assets import main as main_group
+from assets import main_checks
 from assets import label_targets as labels_group
 from assets import maintenance as maintenance_group
 from assets import research as research_group
@@ -32,7 +35,8 @@ def build_resources(env=None) -> dict:
     return {"lake": lake_resource_from_env(env)}
 
 
-def build_defs(env=None) -> Definitions:
+def build_defs(env=None, resources: Optional[dict] = None) -> Definitions:
+    """The code location's definitions; ``resources`` (e.g. a demo's lake) replace the environment's."""
     return Definitions(
         assets=[
             *main_group.main_assets,
@@ -41,7 +45,7 @@ def build_defs(env=None) -> Definitions:
             *research_group.research_assets,
             *labels_group.labels_assets,
         ],
-        asset_checks=[*research_group.research_checks],
+        asset_checks=[*research_group.research_checks, *main_checks.main_checks],
         jobs=[
             main_job,
             sequences_group.sequence_job,
@@ -50,9 +54,9 @@ def build_defs(env=None) -> Definitions:
             research_group.research_job,
             labels_group.labels_job,
         ],
-        sensors=[compaction_sensor(), research_group.research_spec_sensor],
+        sensors=[compaction_sensor(), research_group.research_spec_sensor, main_checks.freshness_sensor],
         schedules=[nightly_maintenance_schedule()],
-        resources=build_resources(env),
+        resources=resources if resources is not None else build_resources(env),
     )
 
 

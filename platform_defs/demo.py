@@ -21,9 +21,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
-from dagster import DagsterInstance, materialize
+from dagster import DagsterInstance
 
 from assets import main as main_group
+from platform_defs.runs import run_job
 from resources import LakeResource
 
 DAGSTER_YAML = """\
@@ -61,17 +62,24 @@ def prepare_dagster_home(home: Path) -> Path:
     return dagster_home
 
 
-def demo_partition_keys(days: int) -> list[str]:
-    """The first ``days`` daily partitions of the main group."""
+def default_days() -> int:
+    """The demo's days: every daily partition when they are bounded (FEATURELAKE_PARTITIONS_DAYS), else 3."""
+    return main_group.PARTITION_DAYS or main_group.DEFAULT_PARTITION_DAYS
+
+
+def demo_partition_keys(days: Optional[int] = None) -> list[str]:
+    """The first ``days`` daily partitions of the main group (default :func:`default_days`)."""
+    days = default_days() if days is None else days
     if days < 1:
         raise ValueError(f"days must be >= 1, got {days}")
     keys = [(main_group.START + timedelta(days=i)).isoformat() for i in range(days)]
     missing = [k for k in keys if not main_group.daily_partitions.has_partition_key(k)]
     if missing:
-        raise ValueError(
-            f"partitions {missing[0]}..{missing[-1]} do not exist yet (daily partitions start "
-            f"{main_group.START} and end yesterday); use fewer days or set FEATURELAKE_DEMO_START"
-        )
+        bound = (f"there are {main_group.PARTITION_DAYS} daily partitions from {main_group.START}: set "
+                 f"FEATURELAKE_PARTITIONS_DAYS={days} (for `make ui` too)" if main_group.PARTITION_DAYS else
+                 f"daily partitions start {main_group.START} and end yesterday")
+        raise ValueError(f"partitions {missing[0]}..{missing[-1]} do not exist ({bound}); use fewer days "
+                         "or another FEATURELAKE_PARTITIONS_START")
     return keys
 
 
@@ -358,11 +366,13 @@ def print_summary(summary: dict, console=None) -> None:
 
 # -- the demo -------------------------------------------------------------------------
 def _step_seconds(result) -> dict[str, float]:
+    """Seconds per asset step of ``result`` (the steps of asset checks left out)."""
+    assets = {e.step_key for e in result.get_asset_materialization_events()}
     steps: dict[str, float] = {}
     for event in result.get_step_success_events():
         data = event.event_specific_data
         ms = getattr(data, "duration_ms", None)
-        if ms is not None:
+        if ms is not None and event.step_key in assets:
             steps[event.step_key] = ms / 1000.0
     return steps
 
@@ -379,7 +389,7 @@ def _materializations(result) -> dict[str, dict]:
 
 def run_demo(
     home: str | Path,
-    days: int = 3,
+    days: Optional[int] = None,
     rows_per_day: int = 20_000,
     console=None,
     *,
@@ -387,9 +397,11 @@ def run_demo(
     print_report: bool = True,
     log_level: str = "WARNING",
 ) -> dict:
-    """Materialize ``raw_impressions``, ``samples`` and ``labels`` for ``days`` days into ``home``.
+    """Run ``main_job`` (``raw_impressions``, ``samples``, ``labels`` and their checks) for ``days``
+    days into ``home`` (default: every daily partition, see :func:`default_days`).
 
-    Runs are recorded in the persistent Dagster instance at ``<home>/dagster``
+    Every run is a run of a named job of the code location (platform_defs.runs), so the UI
+    files it under its job. Runs are recorded in the persistent Dagster instance at ``<home>/dagster``
     (DAGSTER_HOME is set to it while the demo runs, and restored afterwards).
     Returns the summary dict (see :func:`build_summary`) and prints it with rich
     (on ``console``, default a new ``rich.console.Console``) unless
@@ -412,13 +424,14 @@ def run_demo(
         try:
             for key in keys:
                 started = time.perf_counter()
-                result = materialize(
-                    main_group.main_assets,
-                    instance=instance,
+                result = run_job(
+                    "main_job",
+                    instance,
+                    {"lake": resource},
                     partition_key=key,
-                    resources={"lake": resource},
                     run_config=run_config,
                     tags={"featurelake/demo": "true"},
+                    asset_selection=[a.key.to_user_string() for a in main_group.main_assets],
                 )
                 runs.append(
                     {

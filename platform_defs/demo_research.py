@@ -62,10 +62,9 @@ def _materialized(result, node: str) -> Optional[dict]:
 
 def run_research(lake, context: dict, key: str = DEMO_BRANCH) -> Optional[dict]:
     """Run the research group for ``key`` (attempt 1 as specified, attempt 2 narrowed); summarize."""
-    from dagster import materialize
-
     from assets import research
     from assets.main import SAMPLES_TABLE
+    from platform_defs.runs import run_job
     from resources import LakeResource
 
     if not _ready(lake, context):
@@ -75,7 +74,6 @@ def run_research(lake, context: dict, key: str = DEMO_BRANCH) -> Optional[dict]:
     if entry is None:
         return None
     resource = {"lake": LakeResource(home=str(context["home"]))}
-    nodes = [*research.research_assets, *research.research_checks]
     t = lake.table(SAMPLES_TABLE)
     instance = _instance(context)
     attempts: list[dict] = []
@@ -90,8 +88,8 @@ def run_research(lake, context: dict, key: str = DEMO_BRANCH) -> Optional[dict]:
             run_config = dict(QUIET)
             if feats != entry["features"]:
                 run_config["ops"] = {"research_branch": {"config": {"features": feats}}}
-            result = materialize(nodes, instance=instance, partition_key=key, resources=resource,
-                                 run_config=run_config, tags=TAGS, raise_on_error=False)
+            result = run_job(research.research_job.name, instance, resource, partition_key=key,
+                             run_config=run_config, tags=TAGS, raise_on_error=False)
             checks = _checks(result)
             merged = _materialized(result, "branch_merge") is not None
             failing = [f for c in checks.values() for f in
@@ -166,9 +164,8 @@ def _observed_cells(kind: str, obs: dict) -> dict[str, Any]:
 
 def run_targets(lake, context: dict, targets=DEMO_TARGETS) -> Optional[dict]:
     """Materialize ``target_labels`` for each target; one row per target."""
-    from dagster import materialize
-
     from assets import label_targets
+    from platform_defs.runs import run_job
     from resources import LakeResource
 
     if not _ready(lake, context):
@@ -184,8 +181,8 @@ def run_targets(lake, context: dict, targets=DEMO_TARGETS) -> Optional[dict]:
         instance.add_dynamic_partitions(label_targets.target_partitions.name, list(targets))
         for name in targets:
             started = time.perf_counter()
-            result = materialize(label_targets.labels_assets, instance=instance, partition_key=name,
-                                 resources=resource, run_config=QUIET, tags=TAGS, raise_on_error=False)
+            result = run_job(label_targets.labels_job.name, instance, resource, partition_key=name,
+                             run_config=QUIET, tags=TAGS, raise_on_error=False)
             md = _materialized(result, "target_labels")
             if md is None:
                 out[f"target {name}"] = {"branch": label_targets.BRANCH_PREFIX + name, "status": "FAILED"}

@@ -67,10 +67,11 @@ def _violations(batch, time_column: str = "ts") -> int:
 def run_sequences(lake, context: dict) -> Optional[dict]:
     """Materialize user_events + sequence_store per demo day, then a joined training read."""
     import pyarrow.compute as pc
-    from dagster import DagsterInstance, materialize
+    from dagster import DagsterInstance
 
     from assets.main import SAMPLES_TABLE
-    from assets.sequences import EVENTS_TABLE, sequence_store, user_events
+    from assets.sequences import EVENTS_TABLE, sequence_job
+    from platform_defs.runs import run_job
     from resources import LakeResource
 
     keys = context.get("partitions") or []
@@ -84,9 +85,9 @@ def run_sequences(lake, context: dict) -> Optional[dict]:
     try:
         for key in keys:
             started = time.perf_counter()
-            result = materialize(
-                [user_events, sequence_store], instance=instance, partition_key=key,
-                resources=resources, run_config=QUIET, tags=TAGS,
+            result = run_job(  # the sequence half of the day's main_job
+                "main_job", instance, resources, partition_key=key, run_config=QUIET, tags=TAGS,
+                asset_selection=["user_events", "sequence_store"],
             )
             ev, store = _materialized(result, "user_events"), _materialized(result, "sequence_store")
             per_day[key] = {
@@ -100,8 +101,8 @@ def run_sequences(lake, context: dict) -> Optional[dict]:
             chain_bytes = int(store.get("store_bytes", 0))
         # the daily incremental builds stack layers (each user's re-encoded last chunk
         # shadows the older copy); a full rebuild, as sequence_job would run it, compacts them
-        rebuild = materialize(
-            [sequence_store], instance=instance, resources=resources, tags=TAGS,
+        rebuild = run_job(
+            sequence_job.name, instance, resources, tags=TAGS,
             run_config={**QUIET, "ops": {"sequence_store": {"config": {"incremental": False, "force": True}}}},
         )
         rebuilt = _materialized(rebuild, "sequence_store")

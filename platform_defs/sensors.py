@@ -52,11 +52,11 @@ from dagster import (
     SensorResult,
     build_sensor_context,
     define_asset_job,
-    materialize,
     sensor,
 )
 
 from assets import maintenance as maintenance_group
+from platform_defs.runs import run_job
 from resources import LakeResource
 
 CURSOR_VERSION = 1
@@ -140,6 +140,21 @@ class Thresholds:
     def skip_manifests_below(self) -> int:
         """Manifests are read only when the summary shows at least this many data files."""
         return self.min_small_files if self.min_small_files else 2**62
+
+    def describe(self) -> str:
+        """The rules in words, leaving out those switched off."""
+        def plural(n: int, word: str) -> str:
+            return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+        rules = []
+        if self.min_small_files:
+            rules.append(f"at least {plural(self.min_small_files, 'small file')} share a partition")
+        if self.min_update_layers:
+            rules.append(f"one data file carries at least {plural(self.min_update_layers, 'update layer')}")
+        if self.min_update_files:
+            verb = "is" if self.min_update_files == 1 else "are"
+            rules.append(f"at least {plural(self.min_update_files, 'update file')} {verb} live")
+        return "; or ".join(rules)
 
     def fingerprint(self) -> str:
         return f"{self.min_small_files or 0}/{self.min_update_layers or 0}/{self.min_update_files or 0}"
@@ -278,6 +293,17 @@ def plan_compactions(
 
 
 # ---------------------------------------------------------------- the sensor
+def sensor_description(thresholds: Thresholds) -> str:
+    """What the sensor watches, in words (shown in the UI)."""
+    rules = thresholds.describe()
+    policy = "the table's external-reader staleness policy (external-readers.max-pending-layers / max-staleness) is broken"
+    when = f"when, at its head, {rules}; or when {policy}" if rules else f"only when {policy} (the file thresholds are off)"
+    return (
+        f"Requests compaction of a table branch {when}. Reads snapshot summaries, "
+        "platform state and manifests only, never a data file; one run per (table, branch, snapshot)."
+    )
+
+
 def _in_flight_keys(instance) -> set[str]:
     runs = instance.get_runs(
         filters=RunsFilter(job_name=compaction_job.name, statuses=IN_FLIGHT), limit=1000
@@ -317,13 +343,7 @@ def compaction_sensor(
         job=compaction_job,
         minimum_interval_seconds=interval,
         default_status=status,
-        description=(
-            "Requests compaction of a table branch when, at its head, compactable small files >= "
-            f"{thresholds.min_small_files or 'off'}, update layers on one data file >= "
-            f"{thresholds.min_update_layers or 'off'} or live update files >= "
-            f"{thresholds.min_update_files or 'off'}. Reads snapshot summaries, platform state "
-            "and manifests only (no data files); one run per (table, branch, snapshot)."
-        ),
+        description=sensor_description(thresholds),
         metadata={"thresholds": thresholds.as_dict()},
     )
     def _compaction_sensor(context: SensorEvaluationContext, lake: LakeResource):
@@ -416,7 +436,7 @@ def run_requested_compactions(
 ) -> list[dict[str, Any]]:
     """Do in process what the daemon does with a compaction sensor's result.
 
-    Adds the requested dynamic partitions, then materializes ``compaction`` for
+    Adds the requested dynamic partitions, then runs ``compaction_job`` for
     every run request (skipping run keys the instance has already run, as the
     daemon does). Returns, per request: partition, run key, run id, success and
     the materialization metadata (plain values).
@@ -429,11 +449,11 @@ def run_requested_compactions(
     for rr in result.run_requests or []:
         if rr.run_key and instance.get_runs(filters=RunsFilter(tags={"dagster/run_key": rr.run_key}), limit=1):
             continue
-        res = materialize(
-            [maintenance_group.compaction],
-            instance=instance,
+        res = run_job(
+            compaction_job.name,
+            instance,
+            {"lake": lake},
             partition_key=rr.partition_key,
-            resources={"lake": lake},
             run_config=run_config,
             tags={**dict(rr.tags), **({"dagster/run_key": rr.run_key} if rr.run_key else {}), **(tags or {})},
             raise_on_error=raise_on_error,
@@ -472,20 +492,25 @@ __all__ = [
 DEMO_THRESHOLDS = {"min_small_files": 4, "min_update_layers": 2, "min_update_files": 1}
 
 
+def _materialization(result, node: str) -> dict:
+    """The metadata (plain values) ``node`` reported in ``result``; empty when it did not run."""
+    mats = result.asset_materializations_for_node(node)
+    return {k: v.value for k, v in mats[-1].metadata.items()} if mats else {}
+
+
 def demo_maintenance(lake, context: dict, *, branches: Sequence[str] = ("main",)) -> Optional[dict]:
-    """The demo's last step: the sensor's logic requests compaction, it runs, then a GC dry run.
+    """The demo's last step: the sensor's logic requests compaction, it runs, then nightly maintenance.
 
     Evaluates ``compaction_sensor`` (demo thresholds, watching ``branches``)
-    against the demo's persistent instance, materializes every requested
-    ``compaction`` partition there (so ``make ui`` shows them), evaluates the
-    sensor again with its new cursor (nothing is requested twice), then runs
-    ``collect_garbage(dry_run=True)`` and forecasts what expiry + GC would free.
+    against the demo's persistent instance, runs ``compaction_job`` for every
+    requested partition there (so ``make ui`` shows them), evaluates the sensor
+    again with its new cursor (nothing is requested twice), then runs
+    ``nightly_maintenance_job`` (``snapshot_expiry`` then ``garbage_collection``)
+    as a dry run: what GC would free now, and after expiring all but the branch heads.
     """
-    from datetime import datetime, timedelta, timezone
-
     from dagster import DagsterInstance
 
-    from featurelake.health import maintenance_forecast
+    from platform_defs.schedules import nightly_maintenance_job, nightly_run_config
 
     dagster_home = context.get("dagster_home")
     home = context.get("home")
@@ -501,21 +526,24 @@ def demo_maintenance(lake, context: dict, *, branches: Sequence[str] = ("main",)
             first, instance, resource, run_config=quiet, tags={"featurelake/demo": "true"}
         )
         again = evaluate_sensor(sensor_def, instance, resource, cursor=first.cursor, quiet=True)
+        # the nightly job, as a dry run with no grace (the demo's files are minutes old): what expiry
+        # of every snapshot but the branch heads, then garbage collection, would free
+        nightly = run_job(
+            nightly_maintenance_job.name, instance, {"lake": resource},
+            run_config={**quiet, **nightly_run_config(older_than_days=0, retain_last=1, grace_days=0, dry_run=True)},
+            tags={"featurelake/demo": "true"},
+        )
     finally:
         instance.dispose()
+    expiry = _materialization(nightly, "snapshot_expiry")
+    gc = _materialization(nightly, "garbage_collection")
 
     reasons = {
         rr.partition_key: rr.tags.get("featurelake/reason", "") for rr in (first.run_requests or [])
     }
-    grace = timedelta(0)  # the demo's files are minutes old; production waits days
-    gc = lake.collect_garbage(older_than=grace, dry_run=True)
-    forecast = maintenance_forecast(lake, datetime.now(timezone.utc) + timedelta(seconds=1), retain_last=1, grace=grace)
     thresholds = Thresholds.from_env(**DEMO_THRESHOLDS)
     out: dict[str, Any] = {
-        "thresholds": (
-            f"small files >= {thresholds.min_small_files}, layers >= "
-            f"{thresholds.min_update_layers}, update files >= {thresholds.min_update_files}"
-        ),
+        "thresholds": thresholds.describe(),
         "watched_branches": ", ".join(branches),
         "requested": "; ".join(f"{k} ({v})" for k, v in reasons.items()) or "nothing over thresholds",
         "compacted": ", ".join(r["partition"] for r in runs if r["success"]),
@@ -537,16 +565,16 @@ def demo_maintenance(lake, context: dict, *, branches: Sequence[str] = ("main",)
             for when in ("before", "after")
         }
     out.update({
-        "gc_dry_run": {
+        "gc_dry_run": {  # garbage_collection, dry run: what is unreferenced right now
             "grace_days": 0,
-            "files": len(gc.files),
-            "bytes": int(gc.bytes),
-            "kept_young": int(gc.kept_young),
+            "files": int(gc.get("files", 0)),
+            "bytes": int(gc.get("bytes", 0)),
+            "kept_young": int(gc.get("kept_young", 0)),
         },
-        "gc_after_expiry": {  # forecast: expire all but branch heads, then GC
-            "snapshots_expired": int(forecast["snapshots"]),
-            "files": int(forecast["files"]),
-            "bytes": int(forecast["bytes"]),
+        "gc_after_expiry": {  # snapshot_expiry, dry run: expire all but branch heads, then GC
+            "snapshots_expired": int(expiry.get("snapshots_expired", 0)),
+            "files": int(expiry.get("would_free_files", 0)),
+            "bytes": int(expiry.get("would_free_bytes", 0)),
         },
     })
     return out

@@ -39,7 +39,12 @@ def test_defs_in_process(lake_home, monkeypatch):
     assert graph.get(AssetKey("sequence_store")).partitions_def is None
     assert graph.get(AssetKey("sequence_store")).parent_keys == {AssetKey("user_events")}
     job = defs.resolve_job_def("main_job")
-    assert {n.name for n in job.nodes} == {"raw_impressions", "samples", "labels", "user_events", "sequence_store"}
+    assets = {"raw_impressions", "samples", "labels", "user_events", "sequence_store"}
+    checks = {"samples_samples_keys_unique", "samples_samples_match_landing", "labels_labels_match_landing"}
+    nodes = {n.name for n in job.nodes}
+    assert assets | checks <= nodes and len(nodes - assets - checks) == 1  # + the freshness checks
+    blocking = {k.name for k in graph.asset_check_keys if graph.get_check_spec(k).blocking}
+    assert {"samples_keys_unique", "samples_match_landing", "labels_match_landing"} <= blocking
     assert {n.name for n in defs.resolve_job_def("sequence_job").nodes} == {"sequence_store"}
     lake = defs.resources["lake"]
     assert isinstance(lake, LakeResource)

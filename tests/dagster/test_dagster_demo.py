@@ -11,7 +11,8 @@ import subprocess
 
 import pyarrow as pa
 import pytest
-from dagster import DagsterInstance, DagsterRunStatus
+from dagster import AssetCheckKey, AssetKey, DagsterInstance, DagsterRunStatus
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 from dagster_test_helpers import ROOT, VENV_BIN
 from demo_oracle import check_demo_lake
@@ -106,7 +107,24 @@ def test_run_demo_smoke(tmp_path, monkeypatch):
         target_runs = [r for r in runs if r.tags.get("dagster/partition") in ("ctr", "long_dwell")]
         assert len(research_runs) == len(summary["research"]["attempts"]) == 2 and len(target_runs) == 2
         assert len(compactions) == 1
-        assert len(runs) == 2 + len(compactions) + len(research_runs) + len(target_runs) + len(seq_runs)
+        nightly = [r for r in runs if r.job_name == "nightly_maintenance_job"]
+        assert len(nightly) == 1
+        assert len(runs) == 2 + len(compactions) + len(research_runs) + len(target_runs) + len(seq_runs) + 1
+        # every run is a run of a named job of the code location, filed as the UI files launched runs
+        assert {r.job_name for r in runs} == {"main_job", "sequence_job", "compaction_job", "research_job",
+                                              "labels_job", "nightly_maintenance_job"}
+        assert {r.remote_job_origin.location_name for r in runs} == {"featurelake"}
+        assert {r.tags.get(".dagster/repository") for r in runs} == {"__repository__@featurelake"}
+        # expiry and GC ran through Dagster: the UI shows them materialized
+        for key in ("snapshot_expiry", "garbage_collection"):
+            event = inst.get_latest_materialization_event(AssetKey(key))
+            assert event is not None and event.run_id == nightly[0].run_id, key
+        # the blocking checks of samples and labels ran and passed for both days
+        for check in ("samples_keys_unique", "samples_match_landing", "labels_match_landing"):
+            asset = check.split("_", 1)[0]
+            records = inst.event_log_storage.get_asset_check_execution_history(
+                AssetCheckKey(AssetKey(asset), check), limit=10)
+            assert len(records) == 2 and all(r.status == AssetCheckExecutionRecordStatus.SUCCEEDED for r in records)
     finally:
         inst.dispose()
 
