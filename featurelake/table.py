@@ -26,7 +26,8 @@ from featurelake import index
 from featurelake.index import read_key_columns
 from featurelake.keys import check_keys, find, found_keys
 from featurelake.merge import snapshot_files
-from featurelake.rewrite import Removal, plan_removal, write_data_files
+from featurelake.datafiles import index_keys
+from featurelake.rewrite import Removal, plan_removal, write_files
 from featurelake.read import DEFAULT_BATCH, Scan, parse_filter
 from featurelake.schema import arrow_schema, conform, is_arrow_stream, to_table
 from featurelake.schema import LOCATOR_FILE
@@ -260,6 +261,7 @@ class Table:
         written: list[str] = []  # every file this call wrote, for cleanup if it never lands
         landed: list[int | None] = []
         key_parts: list[pa.Table] = []
+        known_keys: dict[str, pa.Table] = {}  # files written here -> their keys in row order (indexed from memory)
 
         def attempt(ice: IcebergTable) -> int | None:
             head = refs.branch_head(ice.metadata, branch)
@@ -275,7 +277,7 @@ class Table:
                 return head.snapshot_id if head else None
             added = [f.file_path for f in files + removal.added]
             live_after = (set(snapshot_files(ice, head)) - {f.file_path for f in removal.removed}) | set(added)
-            index.extend(ice, writer, added, keys, live_after)
+            index.extend(ice, writer, added, keys, live_after, known=known_keys)
             props = self._state_props(ice, head, writer.write() if writer.changed else state.root_path)
             props["featurelake.operation"] = "append" if replace_filter is None else ("overwrite" if files else "delete")
             tx = ice.transaction()
@@ -298,9 +300,10 @@ class Table:
             if data is not None:
                 for chunk in self._prepare(data, ice):
                     key_parts.append(chunk.select(keys))
-                    new = write_data_files(ice, chunk, write_uuid, counter)
-                    files.extend(new)
-                    written.extend(f.file_path for f in new)
+                    new = write_files(ice, chunk, write_uuid, counter)
+                    files.extend(w.data_file for w in new)
+                    written.extend(w.data_file.file_path for w in new)
+                    known_keys.update((path, k) for path, k in index_keys(new, keys) if k is not None)
             all_keys = pa.concat_tables(key_parts) if key_parts else None
             if len(key_parts) > 1:
                 check_keys(all_keys, keys)
