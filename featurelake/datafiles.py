@@ -25,7 +25,6 @@ import itertools
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
@@ -34,7 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import bin_pack_arrow_table, data_file_statistics_from_parquet_metadata, parquet_path_to_id_mapping
-from pyiceberg.io.pyarrow import compute_statistics_plan
+from pyiceberg.io.pyarrow import compute_statistics_plan, sanitize_column_names
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.partitioning import PartitionFieldValue, PartitionKey
 from pyiceberg.table.locations import load_location_provider
@@ -42,12 +41,51 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.typedef import Record
 from pyiceberg.utils.properties import property_as_int
 
+from featurelake.state import _LRU
 from featurelake.storage import storage_of
 
 WRITE_THREADS = 4  # data files of one write encoded at once (Parquet encoding releases the GIL)
 DICTIONARY_SAMPLE = 4096  # values looked at to decide a column's dictionary
 DICTIONARY_MAX_DISTINCT = 0.5  # a dictionary pays when a sample's values repeat at least twice on average
 DEFAULT_ROW_GROUP_ROWS = 1_048_576  # pyiceberg's write.parquet.row-group-limit default
+
+
+@dataclass(frozen=True)
+class SchemaFacts:
+    """What writing under one schema needs, derived once per (table, schema, column order, metrics settings)."""
+
+    arrow: pa.Schema  # the file schema, with field ids
+    plain_names: bool  # no name Parquet needs sanitized
+    stats_plan: dict
+    id_mapping: dict
+    leaves: list  # (Parquet column path, top-level column)
+    statistics: bool | list  # Parquet statistics to write
+
+
+_FACTS = _LRU(64)
+
+
+def schema_facts(meta: TableMetadata) -> SchemaFacts:
+    """The cached :class:`SchemaFacts` of ``meta``'s current schema (each is a walk over the whole schema)."""
+    schema = meta.schema()
+    metrics = tuple(sorted((k, v) for k, v in meta.properties.items() if k.startswith("write.metadata.metrics.")))
+    key = (str(meta.table_uuid), schema.schema_id, tuple(f.name for f in schema.fields), metrics)
+    found = _FACTS.get(key)
+    if found is None:
+        from featurelake.schema import arrow_schema
+
+        arrow = arrow_schema(schema)
+        leaves = _leaf_paths(arrow)
+        found = SchemaFacts(
+            arrow=arrow,
+            plain_names=sanitize_column_names(schema) == schema,
+            stats_plan=compute_statistics_plan(schema, meta.properties),
+            id_mapping=parquet_path_to_id_mapping(schema),
+            leaves=leaves,
+            statistics=_statistics_paths(meta, leaves),
+        )
+        _FACTS.put(key, found)
+    return found
 
 
 @dataclass(frozen=True)
@@ -74,13 +112,14 @@ def write_rows(meta: TableMetadata, io: FileIO, rows: pa.Table, write_uuid: uuid
     for key, part in _partitions(meta, rows):
         for batches in bin_pack_arrow_table(part, target):
             tasks.append((next(counter), key, pa.Table.from_batches(batches, schema=rows.schema)))
-    settings = _Settings.of(meta, rows)
+    facts = schema_facts(meta)
+    settings = _Settings.of(meta, rows, facts)
     provider = load_location_provider(table_location=meta.location, table_properties=meta.properties)
 
     def write(task) -> WrittenFile:
         task_id, key, table = task
         path = provider.new_data_location(f"00000-{task_id}-{write_uuid}.parquet", key)
-        return WrittenFile(_write_file(meta, io, path, table, key, settings), table)
+        return WrittenFile(_write_file(meta, io, path, table, key, settings, facts), table)
 
     if len(tasks) == 1:
         return [write(tasks[0])]
@@ -137,16 +176,16 @@ class _Settings:
     row_group_rows: int
 
     @staticmethod
-    def of(meta: TableMetadata, rows: pa.Table) -> "_Settings":
+    def of(meta: TableMetadata, rows: pa.Table, facts: SchemaFacts) -> "_Settings":
         props = meta.properties
         codec = props.get("write.parquet.compression-codec", "zstd")
         level = property_as_int(props, "write.parquet.compression-level", None)
-        leaves = _leaf_paths(rows.schema)
+        leaves = facts.leaves
         kwargs = {
             "compression": "none" if codec == "uncompressed" else codec,
             "compression_level": level,
             "use_dictionary": [p for p, top in leaves if _repeats(rows.column(top))] or False,
-            "write_statistics": _statistics_paths(meta, leaves),
+            "write_statistics": facts.statistics,
             "data_page_size": property_as_int(props, "write.parquet.page-size-bytes", 1024 * 1024),
             "dictionary_pagesize_limit": property_as_int(props, "write.parquet.dict-size-bytes", 2 * 1024 * 1024),
             "write_batch_size": property_as_int(props, "write.parquet.page-row-limit", 20_000),
@@ -185,12 +224,6 @@ def _statistics_paths(meta: TableMetadata, leaves: list[tuple[str, str]]) -> boo
 
 def _leaf_paths(schema: pa.Schema) -> list[tuple[str, str]]:
     """(Parquet column path, top-level column) of every leaf column of ``schema``."""
-    return _leaf_paths_cached(schema.serialize().to_pybytes())
-
-
-@lru_cache(maxsize=256)
-def _leaf_paths_cached(serialized: bytes) -> list[tuple[str, str]]:
-    schema = pa.ipc.read_schema(pa.py_buffer(serialized))
     if all(pa.types.is_primitive(f.type) or pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
            or pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type) or pa.types.is_decimal(f.type) for f in schema):
         return [(f.name, f.name) for f in schema]
@@ -200,7 +233,9 @@ def _leaf_paths_cached(serialized: bytes) -> list[tuple[str, str]]:
     return [(c.path, c.path.split(".")[0]) for c in (parquet_schema.column(i) for i in range(len(parquet_schema)))]
 
 
-def _write_file(meta: TableMetadata, io: FileIO, path: str, table: pa.Table, key: PartitionKey | None, settings: _Settings) -> DataFile:
+def _write_file(
+    meta: TableMetadata, io: FileIO, path: str, table: pa.Table, key: PartitionKey | None, settings: _Settings, facts: SchemaFacts
+) -> DataFile:
     with storage_of(io).write_new(path) as out:
         writer = pq.ParquetWriter(out, table.schema, **settings.kwargs)
         try:
@@ -208,11 +243,8 @@ def _write_file(meta: TableMetadata, io: FileIO, path: str, table: pa.Table, key
         finally:
             writer.close()
         size = out.tell()
-    schema = meta.schema()
     statistics = data_file_statistics_from_parquet_metadata(
-        parquet_metadata=writer.writer.metadata,
-        stats_columns=compute_statistics_plan(schema, meta.properties),
-        parquet_column_mapping=parquet_path_to_id_mapping(schema),
+        parquet_metadata=writer.writer.metadata, stats_columns=facts.stats_plan, parquet_column_mapping=facts.id_mapping
     )
     return DataFile.from_args(
         content=DataFileContent.DATA,

@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.expressions import BooleanExpression
-from pyiceberg.io.pyarrow import _dataframe_to_data_files, sanitize_column_names
+from pyiceberg.io.pyarrow import _dataframe_to_data_files
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import FileScanTask
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
-from featurelake.datafiles import WrittenFile, write_rows
-from featurelake.schema import LOCATOR_POS, arrow_schema
+from featurelake.datafiles import WrittenFile, schema_facts, write_rows
+from featurelake.schema import LOCATOR_POS
 from featurelake.state import StateWriter
 
 if TYPE_CHECKING:
@@ -87,10 +87,12 @@ def write_files(
         meta = meta.model_copy(update={"properties": props})
     if column_order is not None:
         meta = _reordered(meta, column_order)
-    target = arrow_schema(meta.schema())
-    rows = pa.Table.from_arrays([rows.column(f.name).cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type) for f in target], schema=target)
+    facts = schema_facts(meta)
+    target = facts.arrow
+    by_name = dict(zip(rows.column_names, rows.columns))
+    rows = pa.Table.from_arrays([_as(by_name, rows.num_rows, f) for f in target], schema=target)
     rows = sort_rows(meta, rows)
-    if sanitize_column_names(meta.schema()) != meta.schema():  # names Parquet cannot hold as they are: pyiceberg's writer renames them
+    if not facts.plain_names:  # names Parquet cannot hold as they are: pyiceberg's writer renames them
         files = list(_dataframe_to_data_files(meta, rows, ice.io, write_uuid=write_uuid, counter=counter or itertools.count(0)))
         written = [WrittenFile(f, None) for f in files]
     else:
@@ -104,6 +106,14 @@ def write_files(
                 if values and f[pos] is values:  # DataFile is a positional record without setters
                     f[pos] = {k: v for k, v in values.items() if k in keep}
     return written
+
+
+def _as(columns: dict, num_rows: int, f: pa.Field) -> pa.ChunkedArray | pa.Array:
+    """Column ``f`` of ``columns`` (name -> column) in ``f``'s type (nulls when absent)."""
+    col = columns.get(f.name)
+    if col is None:
+        return pa.nulls(num_rows, f.type)
+    return col if col.type.equals(f.type) else col.cast(f.type)
 
 
 def _reordered(meta, order: list[str]):

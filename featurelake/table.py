@@ -25,8 +25,8 @@ from featurelake.guard import storage_errors, track
 from featurelake import index
 from featurelake.index import read_key_columns
 from featurelake.keys import check_keys, find, found_keys
-from featurelake.merge import snapshot_files
-from featurelake.datafiles import index_keys
+from featurelake.merge import remember_files, snapshot_files
+from featurelake.datafiles import index_keys, schema_facts
 from featurelake.rewrite import Removal, plan_removal, write_files
 from featurelake.read import DEFAULT_BATCH, Scan, parse_filter
 from featurelake.schema import arrow_schema, conform, is_arrow_stream, to_table
@@ -223,7 +223,7 @@ class Table:
     # --------------------------------------------------------------- writing
     def _prepare(self, data: Any, ice: IcebergTable) -> Iterator[pa.Table]:
         """Input chunks, each conformed to the table schema and free of null or repeated keys."""
-        target = arrow_schema(ice.schema())
+        target = schema_facts(ice.metadata).arrow
         for chunk in _chunks(data):
             chunk = conform(chunk, target, keys=self.primary_key)
             check_keys(chunk, self.primary_key)
@@ -293,6 +293,7 @@ class Table:
                         op.append_data_file(f)
             snapshot_id = commit(tx, branch)
             landed.append(snapshot_id)
+            remember_files(ice, head, snapshot_id, files + removal.added, removal.removed)
             return snapshot_id
 
         with cleanup_on_failure(ice, written, landed=lambda: bool(landed)):
