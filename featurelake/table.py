@@ -325,6 +325,51 @@ class Table:
         self.last_update_report = report
         return report.snapshot_id
 
+    def scan_order(self, branch: str = MAIN, snapshot_id: int | None = None):
+        """The table's row order at a snapshot (the head of ``branch`` unless ``snapshot_id``).
+
+        Returns a ``featurelake.dense.ScanOrder``: ``snapshot_id``, ``files``
+        (data files in planning order) and ``rows`` (rows per file). It is the
+        row order of ``read(columns=[key], snapshot_id=...)``: files in that
+        order, each file's rows in position order. Values computed in that
+        order can be written back with :meth:`add_column`.
+        """
+        from featurelake.dense import scan_order
+
+        ice = self.refresh()
+        return scan_order(self, ice, refs.resolve(ice.metadata, branch, snapshot_id))
+
+    @storage_errors("add column")
+    def add_column(self, name: str, values: Any, snapshot_id: int, branch: str = MAIN, keys: Any = None) -> int | None:
+        """Set column ``name`` (new or existing) for every row in one commit, without a key lookup.
+
+        ``values`` (an Arrow array, or anything ``pa.array`` takes) are in the
+        scan order of ``snapshot_id`` (see :meth:`scan_order`): the order of
+        ``read(columns=[key], snapshot_id=snapshot_id)``. ``snapshot_id`` must
+        be the head of ``branch``, else SnapshotMovedError; one value per row,
+        else InvalidArgumentError, and nothing is written. With ``keys`` (the
+        key column values, one per value, any order, every key of the
+        snapshot exactly once) the values are matched by a sort-merge instead.
+        Each data file gets one dense update file. The report is kept in
+        ``last_update_report``.
+        """
+        from featurelake.dense import write_dense
+
+        if not isinstance(name, str):
+            raise InvalidArgumentError(f"column name must be a string, not {name!r}")
+        if isinstance(values, pa.Table):
+            if values.num_columns != 1:
+                raise InvalidArgumentError(f"add_column takes one column of values, got {values.num_columns}")
+            values = values.column(0)
+        elif not isinstance(values, (pa.Array, pa.ChunkedArray)):
+            try:
+                values = pa.array(values)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as e:
+                raise InvalidArgumentError(f"add_column values must be an array of one type: {e}") from e
+        report = write_dense(self, pa.table({name: values}), snapshot_id, branch, keys)
+        self.last_update_report = report
+        return report.snapshot_id
+
     @storage_errors("compact")
     def compact(self, branch: str = MAIN, **options: Any):
         """Fold update files into rewritten data files and bin-pack small files (one commit).
