@@ -35,6 +35,7 @@ REGISTRY: dict[str, str] = {
     "training": "benchmarks.training",
     "requests": "benchmarks.requests",
     "placement": "benchmarks.placement",
+    "writes": "benchmarks.writes",
 }
 
 
