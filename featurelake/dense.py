@@ -45,6 +45,8 @@ from featurelake.updates import WRITE_THREADS, UpdateReport, _check_types, add_c
 if TYPE_CHECKING:
     from featurelake.table import Table
 
+DIRECT_SPAN = 4  # integer keys spanning at most this many slots per key are matched by direct addressing
+
 
 @dataclass(frozen=True)
 class ScanOrder:
@@ -179,16 +181,28 @@ def _by_key(
     """Each data file's values in its row order, by merging its key column against the sorted input keys."""
     exact = key_is_exact(ice.schema(), key_cols)
     codes = encode(key_table)
-    by_code = np.argsort(codes, kind="stable")
-    sorted_codes = codes[by_code]
+    lo, hi = (int(codes.min()), int(codes.max())) if len(codes) else (0, -1)
+    if exact and hi - lo < DIRECT_SPAN * len(codes) + 1024:
+        # Sample ids are nearly dense: the sort is a counting sort (row of each key at key - lo).
+        slot = np.full(hi - lo + 1, -1, dtype=np.int64)
+        slot[codes - lo] = np.arange(len(codes))
+
+        def rows_of(file_codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            inside = (file_codes >= lo) & (file_codes <= hi)
+            rows = np.where(inside, slot[np.clip(file_codes - lo, 0, hi - lo)], -1)
+            return np.maximum(rows, 0), rows >= 0
+    else:
+        by_code = np.argsort(codes, kind="stable")
+        sorted_codes = codes[by_code]
+
+        def rows_of(file_codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            at = np.minimum(np.searchsorted(sorted_codes, file_codes), len(sorted_codes) - 1)
+            return by_code[at], sorted_codes[at] == file_codes
 
     def file_values(job: tuple[str, int, int]) -> tuple[str, pa.Table]:
         path, _, n = job
         file_keys = read_key_columns(ice, path, key_cols)
-        file_codes = encode(file_keys)
-        at = np.minimum(np.searchsorted(sorted_codes, file_codes), len(sorted_codes) - 1)
-        found = sorted_codes[at] == file_codes
-        rows = by_code[at]
+        rows, found = rows_of(encode(file_keys))
         if found.all() and not exact:  # hashed keys: a matching hash must also be the same key
             given = key_table.take(pa.array(rows))
             for k in key_cols:

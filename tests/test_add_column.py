@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from featurelake import index
+from featurelake import dense, index
 from featurelake.errors import DuplicateKeyError, InvalidArgumentError, SnapshotMovedError, UnknownKeyError
 from featurelake.merge import snapshot_files
 from featurelake.state import StateWriter
@@ -75,7 +75,9 @@ def test_add_column_in_scan_order_equals_the_keyed_backfill(table):
     assert sid == table.branches()["main"] != order.snapshot_id
 
 
-def test_add_column_by_key_sort_merges_keys_in_any_order(table):
+@pytest.mark.parametrize("direct_span", [4, 0], ids=["counting-sort", "sort-merge"])
+def test_add_column_by_key_sort_merges_keys_in_any_order(table, monkeypatch, direct_span):
+    monkeypatch.setattr(dense, "DIRECT_SPAN", direct_span)  # 0: keys too sparse for direct addressing
     order = table.scan_order()
     keys = table.read(columns=["id"]).column("id").to_numpy()
     perm = np.random.default_rng(3).permutation(len(keys))
