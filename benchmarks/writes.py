@@ -159,14 +159,15 @@ def run(cfg: Config) -> dict[str, Any]:
             print(f"  rep {rep}: append floor (pyarrow)     {fmt_s(dt):>10}  {raw_mb / dt:8.1f} MB/s")
 
             # whole new column
-            values = rng.standard_normal(cfg.rows, dtype=np.float32)  # value of sample_id i is values[i]
+            values = rng.standard_normal(cfg.rows + 1000, dtype=np.float32)  # value of sample_id i is values[i]
             name = f"new_{rep}"
             dt, key_order = timed(lambda: dense.read(columns=[KEY]), timings["key_read"])
             snapshot = dense.scan_order().snapshot_id
-            in_scan_order = pa.array(values[key_order.column(KEY).to_numpy()])
+            present = key_order.column(KEY).to_numpy()  # the data plus the one-row appends of earlier repetitions
+            in_scan_order = pa.array(values[present])
             dt, _ = timed(lambda: dense.add_column(name, in_scan_order, snapshot_id=snapshot), timings["featurelake_scan_order"])
             print(f"  rep {rep}: column featurelake scan order {fmt_s(dt):>10}")
-            perm = rng.permutation(cfg.rows)
+            perm = rng.permutation(present)
             head = dense.scan_order().snapshot_id
             dt, _ = timed(lambda: dense.add_column(name + "_k", pa.array(values[perm]), snapshot_id=head, keys=pa.array(perm.astype(np.int64))),
                           timings["featurelake_by_key"])
@@ -180,10 +181,11 @@ def run(cfg: Config) -> dict[str, Any]:
             dt, _ = timed(lambda: ds.add_columns(reader), timings["lance_add_columns"])
             print(f"  rep {rep}: column lance add_columns      {fmt_s(dt):>10}")
             ds = lance.dataset(lance_path)
-            merged = pa.table({KEY: pa.array(perm.astype(np.int64)), name + "_k": pa.array(values[perm])})
+            lperm = rng.permutation(cfg.rows)
+            merged = pa.table({KEY: pa.array(lperm.astype(np.int64)), name + "_k": pa.array(values[lperm])})
             dt, _ = timed(lambda: ds.merge(merged, left_on=KEY), timings["lance_merge"])
             print(f"  rep {rep}: column lance merge            {fmt_s(dt):>10}")
-            col = pa.table({name: pa.array(values)})
+            col = pa.table({name: in_scan_order})
             dt, _ = timed(lambda: pq.write_table(col, floor_dir / f"col-{rep}.parquet", compression="zstd"), timings["column_floor"])
             print(f"  rep {rep}: column floor (pyarrow)        {fmt_s(dt):>10}")
             if rep == 0:
