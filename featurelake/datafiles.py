@@ -246,7 +246,7 @@ def _write_file(
     statistics = data_file_statistics_from_parquet_metadata(
         parquet_metadata=writer.writer.metadata, stats_columns=facts.stats_plan, parquet_column_mapping=facts.id_mapping
     )
-    return DataFile.from_args(
+    data_file = DataFile.from_args(
         content=DataFileContent.DATA,
         file_path=path,
         file_format=FileFormat.PARQUET,
@@ -258,6 +258,8 @@ def _write_file(
         key_metadata=None,
         **statistics.to_serialized_dict(),
     )
+    data_file.spec_id = meta.default_spec_id  # not a stored field: set as a manifest read sets it
+    return data_file
 
 
 def index_keys(written: Sequence[WrittenFile], key_columns: Sequence[str]) -> list[tuple[str, pa.Table | None]]:

@@ -94,6 +94,8 @@ def write_files(
     rows = sort_rows(meta, rows)
     if not facts.plain_names:  # names Parquet cannot hold as they are: pyiceberg's writer renames them
         files = list(_dataframe_to_data_files(meta, rows, ice.io, write_uuid=write_uuid, counter=counter or itertools.count(0)))
+        for f in files:
+            f.spec_id = meta.default_spec_id  # as a manifest read sets it (merge, revert use it)
         written = [WrittenFile(f, None) for f in files]
     else:
         written = write_rows(meta, ice.io, rows, write_uuid, counter)
