@@ -36,6 +36,7 @@ REGISTRY: dict[str, str] = {
     "requests": "benchmarks.requests",
     "placement": "benchmarks.placement",
     "ray_scale": "benchmarks.ray_scale",
+    "writes": "benchmarks.writes",
 }
 
 

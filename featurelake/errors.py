@@ -101,6 +101,18 @@ class CommitConflictError(FeatureLakeError):
     """A concurrent writer changed what this commit depends on."""
 
 
+class SnapshotMovedError(CommitConflictError):
+    """Values given in a snapshot's scan order, but the branch has moved past that snapshot.
+
+    ``expected`` is the snapshot the values refer to, ``actual`` the branch head now.
+    """
+
+    def __init__(self, message: str, expected: int | None = None, actual: int | None = None) -> None:
+        self.expected = expected
+        self.actual = actual
+        super().__init__(message)
+
+
 class CommitStateUnknownError(FeatureLakeError):
     """The catalog could not say whether a commit landed (e.g. the connection dropped during it).
 
@@ -144,6 +156,7 @@ class CorruptFileError(FeatureLakeError):
 
 __all__ = [
     "FeatureLakeError",
+    "SnapshotMovedError",
     "SchemaMismatchError",
     "PrimaryKeyError",
     "NullKeyError",

@@ -430,17 +430,26 @@ def location_of(ice: "IcebergTable") -> str:
     return f"{platform_dir(ice.location())}/index"
 
 
-def extend(ice: "IcebergTable", writer, new_files: Sequence[str], key_columns: Sequence[str], live_after: set[str]) -> None:
+def extend(
+    ice: "IcebergTable", writer, new_files: Sequence[str], key_columns: Sequence[str], live_after: set[str],
+    known: dict[str, pa.Table] | None = None,
+) -> None:
     """Index the data files a commit adds, merging segments once they pile up.
 
     ``writer`` is the commit's StateWriter; ``live_after`` the data files live
-    once the commit lands (the merge keeps only their entries).
+    once the commit lands (the merge keeps only their entries). ``known`` maps
+    files this process just wrote to their key columns in row order: those are
+    indexed from memory, not read back.
     """
     location = location_of(ice)
     schema = ice.schema()
     exact = key_is_exact(schema, key_columns)
     if new_files:
-        seg = write_segment(ice.io, location, file_keys(ice, new_files, key_columns), exact)
+        known = known or {}
+        unknown = [p for p in new_files if p not in known]
+        read_back = dict(file_keys(ice, unknown, key_columns)) if unknown else {}
+        pairs = [(p, encode(known[p]) if p in known else read_back[p]) for p in new_files]
+        seg = write_segment(ice.io, location, pairs, exact)
         if seg is not None:
             writer.add_index_segments([seg.as_dict()])
     if len(writer.index_segments) >= MERGE_AT:

@@ -52,6 +52,23 @@ def snapshot_files(ice: IcebergTable, snapshot: Snapshot | None) -> dict[str, Da
     return _FILES_CACHE[key]
 
 
+def remember_files(ice: IcebergTable, parent: Snapshot | None, snapshot_id: int | None, added: list[DataFile], removed: list[DataFile] = ()) -> None:
+    """Record the live files of a snapshot this process just committed on ``parent``
+    (parent's files, less ``removed``, plus ``added``), so the next write plans no manifests."""
+    if snapshot_id is None:
+        return
+    base = _FILES_CACHE.get((str(ice.metadata.table_uuid), parent.snapshot_id)) if parent is not None else {}
+    if base is None:
+        return
+    files = dict(base)
+    for f in removed:
+        files.pop(f.file_path, None)
+    files.update((f.file_path, f) for f in added)
+    if len(_FILES_CACHE) > 256:
+        _FILES_CACHE.clear()
+    _FILES_CACHE[(str(ice.metadata.table_uuid), snapshot_id)] = files
+
+
 MERGED_FROM = "featurelake.merged-from"
 
 

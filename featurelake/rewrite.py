@@ -20,7 +20,8 @@ from pyiceberg.table import FileScanTask
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
-from featurelake.schema import LOCATOR_POS, arrow_schema
+from featurelake.datafiles import WrittenFile, schema_facts, write_rows
+from featurelake.schema import LOCATOR_POS
 from featurelake.state import StateWriter
 
 if TYPE_CHECKING:
@@ -57,34 +58,64 @@ def write_data_files(
 ) -> list[DataFile]:
     """Write rows (in the table's current schema) as data files; the one writer every write uses.
 
+    See :func:`write_files`; this returns only the DataFiles.
+    """
+    return [w.data_file for w in write_files(ice, rows, write_uuid, counter, metadata=metadata,
+                                             target_file_bytes=target_file_bytes, column_order=column_order)]
+
+
+def write_files(
+    ice: IcebergTable, rows: pa.Table, write_uuid=None, counter=None, *, metadata=None, target_file_bytes: int | None = None,
+    column_order: list[str] | None = None,
+) -> list[WrittenFile]:
+    """Write rows (in the table's current schema) as data files, keeping each file's rows at hand.
+
     ``column_order`` (column names) is the physical order of the files' columns
     (column placement); readers match columns by field id, so only I/O changes.
     ``metadata`` is the table metadata to write under (a transaction's, when
     the schema changes in the same commit). Column sizes and counts are kept
     only for the columns that keep statistics (key and partition sources):
     pyiceberg records them for every column even with metrics off, and on a
-    table with thousands of columns they dominate the manifests.
+    table with thousands of columns they dominate the manifests. The Parquet
+    encoding itself is featurelake.datafiles'.
     """
     if rows.num_rows == 0:
         return []
     meta = metadata or ice.metadata
-    target = arrow_schema(meta.schema())
-    rows = pa.Table.from_arrays([rows.column(f.name).cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type) for f in target], schema=target)
-    rows = sort_rows(meta, rows)
     if target_file_bytes is not None:
         props = dict(meta.properties, **{"write.target-file-size-bytes": str(target_file_bytes)})
         meta = meta.model_copy(update={"properties": props})
     if column_order is not None:
         meta = _reordered(meta, column_order)
-    files = list(_dataframe_to_data_files(meta, rows, ice.io, write_uuid=write_uuid, counter=counter or itertools.count(0)))
+    facts = schema_facts(meta)
+    target = facts.arrow
+    by_name = dict(zip(rows.column_names, rows.columns))
+    rows = pa.Table.from_arrays([_as(by_name, rows.num_rows, f) for f in target], schema=target)
+    rows = sort_rows(meta, rows)
+    if not facts.plain_names:  # names Parquet cannot hold as they are: pyiceberg's writer renames them
+        files = list(_dataframe_to_data_files(meta, rows, ice.io, write_uuid=write_uuid, counter=counter or itertools.count(0)))
+        for f in files:
+            f.spec_id = meta.default_spec_id  # as a manifest read sets it (merge, revert use it)
+        written = [WrittenFile(f, None) for f in files]
+    else:
+        written = write_rows(meta, ice.io, rows, write_uuid, counter)
     keep = _stats_field_ids(meta)
     if keep is not None:
-        for f in files:
+        for w in written:
+            f = w.data_file
             for attr, pos in _COUNT_FIELDS.items():
                 values = getattr(f, attr, None)
                 if values and f[pos] is values:  # DataFile is a positional record without setters
                     f[pos] = {k: v for k, v in values.items() if k in keep}
-    return files
+    return written
+
+
+def _as(columns: dict, num_rows: int, f: pa.Field) -> pa.ChunkedArray | pa.Array:
+    """Column ``f`` of ``columns`` (name -> column) in ``f``'s type (nulls when absent)."""
+    col = columns.get(f.name)
+    if col is None:
+        return pa.nulls(num_rows, f.type)
+    return col if col.type.equals(f.type) else col.cast(f.type)
 
 
 def _reordered(meta, order: list[str]):

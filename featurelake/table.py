@@ -25,8 +25,9 @@ from featurelake.guard import storage_errors, track
 from featurelake import index
 from featurelake.index import read_key_columns
 from featurelake.keys import check_keys, find, found_keys
-from featurelake.merge import snapshot_files
-from featurelake.rewrite import Removal, plan_removal, write_data_files
+from featurelake.merge import remember_files, snapshot_files
+from featurelake.datafiles import index_keys, schema_facts
+from featurelake.rewrite import Removal, plan_removal, write_files
 from featurelake.read import DEFAULT_BATCH, Scan, parse_filter
 from featurelake.schema import arrow_schema, conform, is_arrow_stream, to_table
 from featurelake.schema import LOCATOR_FILE
@@ -222,7 +223,7 @@ class Table:
     # --------------------------------------------------------------- writing
     def _prepare(self, data: Any, ice: IcebergTable) -> Iterator[pa.Table]:
         """Input chunks, each conformed to the table schema and free of null or repeated keys."""
-        target = arrow_schema(ice.schema())
+        target = schema_facts(ice.metadata).arrow
         for chunk in _chunks(data):
             chunk = conform(chunk, target, keys=self.primary_key)
             check_keys(chunk, self.primary_key)
@@ -260,6 +261,7 @@ class Table:
         written: list[str] = []  # every file this call wrote, for cleanup if it never lands
         landed: list[int | None] = []
         key_parts: list[pa.Table] = []
+        known_keys: dict[str, pa.Table] = {}  # files written here -> their keys in row order (indexed from memory)
 
         def attempt(ice: IcebergTable) -> int | None:
             head = refs.branch_head(ice.metadata, branch)
@@ -275,7 +277,7 @@ class Table:
                 return head.snapshot_id if head else None
             added = [f.file_path for f in files + removal.added]
             live_after = (set(snapshot_files(ice, head)) - {f.file_path for f in removal.removed}) | set(added)
-            index.extend(ice, writer, added, keys, live_after)
+            index.extend(ice, writer, added, keys, live_after, known=known_keys)
             props = self._state_props(ice, head, writer.write() if writer.changed else state.root_path)
             props["featurelake.operation"] = "append" if replace_filter is None else ("overwrite" if files else "delete")
             tx = ice.transaction()
@@ -291,6 +293,7 @@ class Table:
                         op.append_data_file(f)
             snapshot_id = commit(tx, branch)
             landed.append(snapshot_id)
+            remember_files(ice, head, snapshot_id, files + removal.added, removal.removed)
             return snapshot_id
 
         with cleanup_on_failure(ice, written, landed=lambda: bool(landed)):
@@ -298,9 +301,10 @@ class Table:
             if data is not None:
                 for chunk in self._prepare(data, ice):
                     key_parts.append(chunk.select(keys))
-                    new = write_data_files(ice, chunk, write_uuid, counter)
-                    files.extend(new)
-                    written.extend(f.file_path for f in new)
+                    new = write_files(ice, chunk, write_uuid, counter)
+                    files.extend(w.data_file for w in new)
+                    written.extend(w.data_file.file_path for w in new)
+                    known_keys.update((path, k) for path, k in index_keys(new, keys) if k is not None)
             all_keys = pa.concat_tables(key_parts) if key_parts else None
             if len(key_parts) > 1:
                 check_keys(all_keys, keys)
@@ -318,6 +322,51 @@ class Table:
         from featurelake.updates import apply_column_updates
 
         report = apply_column_updates(self, data, branch, on_unknown=on_unknown)
+        self.last_update_report = report
+        return report.snapshot_id
+
+    def scan_order(self, branch: str = MAIN, snapshot_id: int | None = None):
+        """The table's row order at a snapshot (the head of ``branch`` unless ``snapshot_id``).
+
+        Returns a ``featurelake.dense.ScanOrder``: ``snapshot_id``, ``files``
+        (data files in planning order) and ``rows`` (rows per file). It is the
+        row order of ``read(columns=[key], snapshot_id=...)``: files in that
+        order, each file's rows in position order. Values computed in that
+        order can be written back with :meth:`add_column`.
+        """
+        from featurelake.dense import scan_order
+
+        ice = self.refresh()
+        return scan_order(self, ice, refs.resolve(ice.metadata, branch, snapshot_id))
+
+    @storage_errors("add column")
+    def add_column(self, name: str, values: Any, snapshot_id: int, branch: str = MAIN, keys: Any = None) -> int | None:
+        """Set column ``name`` (new or existing) for every row in one commit, without a key lookup.
+
+        ``values`` (an Arrow array, or anything ``pa.array`` takes) are in the
+        scan order of ``snapshot_id`` (see :meth:`scan_order`): the order of
+        ``read(columns=[key], snapshot_id=snapshot_id)``. ``snapshot_id`` must
+        be the head of ``branch``, else SnapshotMovedError; one value per row,
+        else InvalidArgumentError, and nothing is written. With ``keys`` (the
+        key column values, one per value, any order, every key of the
+        snapshot exactly once) the values are matched by a sort-merge instead.
+        Each data file gets one dense update file. The report is kept in
+        ``last_update_report``.
+        """
+        from featurelake.dense import write_dense
+
+        if not isinstance(name, str):
+            raise InvalidArgumentError(f"column name must be a string, not {name!r}")
+        if isinstance(values, pa.Table):
+            if values.num_columns != 1:
+                raise InvalidArgumentError(f"add_column takes one column of values, got {values.num_columns}")
+            values = values.column(0)
+        elif not isinstance(values, (pa.Array, pa.ChunkedArray)):
+            try:
+                values = pa.array(values)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as e:
+                raise InvalidArgumentError(f"add_column values must be an array of one type: {e}") from e
+        report = write_dense(self, pa.table({name: values}), snapshot_id, branch, keys)
         self.last_update_report = report
         return report.snapshot_id
 

@@ -1,0 +1,267 @@
+"""Writing data files: split rows by partition, encode Parquet, describe them as Iceberg DataFiles.
+
+pyiceberg's writer (``_dataframe_to_data_files``) is correct but slow for
+wide feature tables, and it cannot be tuned per column:
+
+* it lets Arrow try a dictionary for every column. For distinct floats (most
+  features) the dictionary fills, is thrown away and the column written again
+  plain: measured on 125k rows x 71 columns, 1.9 s and 62 MB with dictionaries,
+  0.4 s and 44 MB without;
+* it keeps Parquet statistics for every column, though the table keeps bounds
+  only for key and partition columns (slim metadata, see schema.table_properties);
+* it splits partitions with one filter pass per partition and copies each.
+
+Here a column gets a dictionary only when a sample of its values repeats
+(low-cardinality features and strings keep theirs, which also makes reads
+smaller and faster), Parquet statistics are written only for the columns whose
+bounds the table keeps, partitions are cut from one stable sort (a batch of
+one day is written without any copy), and the files of one write are encoded
+in parallel. Files carry Iceberg field ids exactly as pyiceberg writes them.
+"""
+from __future__ import annotations
+
+import io as _io
+import itertools
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyiceberg.io import FileIO
+from pyiceberg.io.pyarrow import bin_pack_arrow_table, data_file_statistics_from_parquet_metadata, parquet_path_to_id_mapping
+from pyiceberg.io.pyarrow import compute_statistics_plan, sanitize_column_names
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.partitioning import PartitionFieldValue, PartitionKey
+from pyiceberg.table.locations import load_location_provider
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.typedef import Record
+from pyiceberg.utils.properties import property_as_int
+
+from featurelake.state import _LRU
+from featurelake.storage import storage_of
+
+WRITE_THREADS = 4  # data files of one write encoded at once (Parquet encoding releases the GIL)
+DICTIONARY_SAMPLE = 4096  # values looked at to decide a column's dictionary
+DICTIONARY_MAX_DISTINCT = 0.5  # a dictionary pays when a sample's values repeat at least twice on average
+DEFAULT_ROW_GROUP_ROWS = 1_048_576  # pyiceberg's write.parquet.row-group-limit default
+
+
+@dataclass(frozen=True)
+class SchemaFacts:
+    """What writing under one schema needs, derived once per (table, schema, column order, metrics settings)."""
+
+    arrow: pa.Schema  # the file schema, with field ids
+    plain_names: bool  # no name Parquet needs sanitized
+    stats_plan: dict
+    id_mapping: dict
+    leaves: list  # (Parquet column path, top-level column)
+    statistics: bool | list  # Parquet statistics to write
+
+
+_FACTS = _LRU(64)
+
+
+def schema_facts(meta: TableMetadata) -> SchemaFacts:
+    """The cached :class:`SchemaFacts` of ``meta``'s current schema (each is a walk over the whole schema)."""
+    schema = meta.schema()
+    metrics = tuple(sorted((k, v) for k, v in meta.properties.items() if k.startswith("write.metadata.metrics.")))
+    key = (str(meta.table_uuid), schema.schema_id, tuple(f.name for f in schema.fields), metrics)
+    found = _FACTS.get(key)
+    if found is None:
+        from featurelake.schema import arrow_schema
+
+        arrow = arrow_schema(schema)
+        leaves = _leaf_paths(arrow)
+        found = SchemaFacts(
+            arrow=arrow,
+            plain_names=sanitize_column_names(schema) == schema,
+            stats_plan=compute_statistics_plan(schema, meta.properties),
+            id_mapping=parquet_path_to_id_mapping(schema),
+            leaves=leaves,
+            statistics=_statistics_paths(meta, leaves),
+        )
+        _FACTS.put(key, found)
+    return found
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """A data file just written, with its rows (for indexing their keys without reading the file back)."""
+
+    data_file: DataFile
+    rows: pa.Table | None  # None when written by pyiceberg's writer (names it had to sanitize)
+
+
+def write_rows(meta: TableMetadata, io: FileIO, rows: pa.Table, write_uuid: uuid.UUID | None = None,
+               counter: "itertools.count[int] | None" = None) -> list[WrittenFile]:
+    """Write ``rows`` (already in ``meta``'s current Arrow schema, with field ids) as data files.
+
+    One file per partition value, cut further to the table's target file
+    size; files are written in parallel and returned in a stable order.
+    """
+    if rows.num_rows == 0:
+        return []
+    write_uuid = write_uuid or uuid.uuid4()
+    counter = counter or itertools.count(0)
+    target = property_as_int(meta.properties, "write.target-file-size-bytes", 512 * 1024 * 1024)
+    tasks = []
+    for key, part in _partitions(meta, rows):
+        for batches in bin_pack_arrow_table(part, target):
+            tasks.append((next(counter), key, pa.Table.from_batches(batches, schema=rows.schema)))
+    facts = schema_facts(meta)
+    settings = _Settings.of(meta, rows, facts)
+    provider = load_location_provider(table_location=meta.location, table_properties=meta.properties)
+
+    def write(task) -> WrittenFile:
+        task_id, key, table = task
+        path = provider.new_data_location(f"00000-{task_id}-{write_uuid}.parquet", key)
+        return WrittenFile(_write_file(meta, io, path, table, key, settings, facts), table)
+
+    if len(tasks) == 1:
+        return [write(tasks[0])]
+    with ThreadPoolExecutor(max_workers=min(WRITE_THREADS, len(tasks))) as pool:
+        futures = [pool.submit(write, t) for t in tasks]
+    errors = [f.exception() for f in futures if f.exception() is not None]
+    if errors:
+        raise errors[0]
+    return [f.result() for f in futures]
+
+
+def _partitions(meta: TableMetadata, rows: pa.Table) -> list[tuple[PartitionKey | None, pa.Table]]:
+    """``rows`` split by partition value, each part in its input order (one stable sort, no per-partition filter)."""
+    spec = meta.spec()
+    if spec.is_unpartitioned():
+        return [(None, rows)]
+    schema = meta.schema()
+    values = []
+    for field in spec.fields:
+        source = schema.find_field(field.source_id)
+        column = rows.column(schema.find_column_name(field.source_id))
+        values.append(field.transform.pyarrow_transform(source.field_type)(column))
+    codes = np.zeros(rows.num_rows, dtype=np.int64)
+    uniques = []
+    for v in values:  # a dense code per row: the partition tuple's rank
+        encoded = pc.dictionary_encode(v.combine_chunks() if isinstance(v, pa.ChunkedArray) else v)
+        idx = pc.fill_null(encoded.indices, len(encoded.dictionary)).to_numpy(zero_copy_only=False).astype(np.int64)
+        n = len(encoded.dictionary) + 1
+        codes = codes * n + idx
+        uniques.append(encoded.dictionary.to_pylist() + [None])
+    distinct, first = np.unique(codes, return_index=True)
+    if len(distinct) == 1:
+        ordered, bounds = rows, [0, rows.num_rows]
+    else:
+        order = np.argsort(codes, kind="stable")
+        ordered = rows.take(pa.array(order))
+        bounds = np.searchsorted(codes[order], distinct).tolist() + [rows.num_rows]
+    out = []
+    for i, code in enumerate(distinct.tolist()):
+        field_values = []
+        for field, u in zip(reversed(spec.fields), reversed(uniques)):
+            code, idx = divmod(code, len(u))
+            field_values.append(PartitionFieldValue(field=field, value=u[idx]))
+        key = PartitionKey(field_values=list(reversed(field_values)), partition_spec=spec, schema=schema)
+        out.append((key, ordered.slice(bounds[i], bounds[i + 1] - bounds[i])))
+    return out
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """Parquet writer options for one write (the same for all of its files)."""
+
+    kwargs: dict
+    row_group_rows: int
+
+    @staticmethod
+    def of(meta: TableMetadata, rows: pa.Table, facts: SchemaFacts) -> "_Settings":
+        props = meta.properties
+        codec = props.get("write.parquet.compression-codec", "zstd")
+        level = property_as_int(props, "write.parquet.compression-level", None)
+        leaves = facts.leaves
+        kwargs = {
+            "compression": "none" if codec == "uncompressed" else codec,
+            "compression_level": level,
+            "use_dictionary": [p for p, top in leaves if _repeats(rows.column(top))] or False,
+            "write_statistics": facts.statistics,
+            "data_page_size": property_as_int(props, "write.parquet.page-size-bytes", 1024 * 1024),
+            "dictionary_pagesize_limit": property_as_int(props, "write.parquet.dict-size-bytes", 2 * 1024 * 1024),
+            "write_batch_size": property_as_int(props, "write.parquet.page-row-limit", 20_000),
+            "store_decimal_as_integer": True,
+        }
+        rows_per_group = property_as_int(props, "write.parquet.row-group-limit", DEFAULT_ROW_GROUP_ROWS)
+        return _Settings(kwargs, rows_per_group or DEFAULT_ROW_GROUP_ROWS)
+
+
+def _repeats(column: pa.ChunkedArray) -> bool:
+    """Whether a dictionary would pay for this column: a sample of its values repeats."""
+    t = column.type
+    if pa.types.is_boolean(t):
+        return False
+    if not (pa.types.is_primitive(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+            or pa.types.is_binary(t) or pa.types.is_large_binary(t)):
+        return True  # nested: Arrow's default (its leaves are judged by Arrow's fallback)
+    sample = column.slice(0, DICTIONARY_SAMPLE)
+    valid = len(sample) - sample.null_count
+    if valid < 16:
+        return True
+    return pc.count_distinct(sample).as_py() <= DICTIONARY_MAX_DISTINCT * valid
+
+
+def _statistics_paths(meta: TableMetadata, leaves: list[tuple[str, str]]) -> bool | list[str]:
+    """Parquet statistics only for the columns whose bounds the table keeps (all when metrics are not slimmed)."""
+    from featurelake.rewrite import _stats_field_ids
+
+    keep = _stats_field_ids(meta)
+    if keep is None:
+        return True
+    schema = meta.schema()
+    names = {schema.find_column_name(i) for i in keep}
+    return [p for p, top in leaves if top in names] or False
+
+
+def _leaf_paths(schema: pa.Schema) -> list[tuple[str, str]]:
+    """(Parquet column path, top-level column) of every leaf column of ``schema``."""
+    if all(pa.types.is_primitive(f.type) or pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+           or pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type) or pa.types.is_decimal(f.type) for f in schema):
+        return [(f.name, f.name) for f in schema]
+    buf = _io.BytesIO()  # nested columns: let Arrow name the leaves (struct fields, list elements, map keys)
+    pq.write_table(schema.empty_table(), buf)
+    parquet_schema = pq.ParquetFile(pa.BufferReader(buf.getvalue())).schema
+    return [(c.path, c.path.split(".")[0]) for c in (parquet_schema.column(i) for i in range(len(parquet_schema)))]
+
+
+def _write_file(
+    meta: TableMetadata, io: FileIO, path: str, table: pa.Table, key: PartitionKey | None, settings: _Settings, facts: SchemaFacts
+) -> DataFile:
+    with storage_of(io).write_new(path) as out:
+        writer = pq.ParquetWriter(out, table.schema, **settings.kwargs)
+        try:
+            writer.write_table(table, row_group_size=settings.row_group_rows)
+        finally:
+            writer.close()
+        size = out.tell()
+    statistics = data_file_statistics_from_parquet_metadata(
+        parquet_metadata=writer.writer.metadata, stats_columns=facts.stats_plan, parquet_column_mapping=facts.id_mapping
+    )
+    data_file = DataFile.from_args(
+        content=DataFileContent.DATA,
+        file_path=path,
+        file_format=FileFormat.PARQUET,
+        partition=key.partition if key else Record(),
+        file_size_in_bytes=size,
+        sort_order_id=None,
+        spec_id=meta.default_spec_id,
+        equality_ids=None,
+        key_metadata=None,
+        **statistics.to_serialized_dict(),
+    )
+    data_file.spec_id = meta.default_spec_id  # not a stored field: set as a manifest read sets it
+    return data_file
+
+
+def index_keys(written: Sequence[WrittenFile], key_columns: Sequence[str]) -> list[tuple[str, pa.Table | None]]:
+    """(data file path, its key columns in row order, None when not kept) of files just written."""
+    return [(w.data_file.file_path, None if w.rows is None else w.rows.select(list(key_columns))) for w in written]
