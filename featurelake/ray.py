@@ -401,7 +401,7 @@ def upsert(table: "Table", data: Any, branch: str = refs.MAIN, *, tasks: int | N
 # ================================================================ compaction
 @ray.remote
 def _rewrite_bin(
-    ref: _TableRef, shipped: _ShippedScan, bin_: list, target: int, allowed_bad: int, write_uuid: uuid.UUID, column_order: list | None
+    ref: _TableRef, shipped: _ShippedScan, bin_: list, target: int, allowed_bad: int, column_order: list | None
 ) -> "BinRewrite":
     from featurelake import maintenance
 
@@ -409,8 +409,9 @@ def _rewrite_bin(
     track(ice.io)
     with recording() as session:
         try:
-            # A re-run after a killed worker writes the same names (same uuid, same rows): no second copy.
-            return maintenance.rewrite_bin(ice, shipped.open(), bin_, target, allowed_bad, write_uuid, column_order=column_order)
+            # Files in the lake are never overwritten, so a re-run after a killed worker writes fresh
+            # names; what the killed attempt left is unreferenced and garbage collection removes it.
+            return maintenance.rewrite_bin(ice, shipped.open(), bin_, target, allowed_bad, uuid.uuid4(), column_order=column_order)
         except BaseException:
             delete_quietly_io(ice.io, session.created())
             raise
@@ -432,7 +433,7 @@ class _BinRewriter:
         self.used += len(bins)
         futures = [
             _rewrite_bin.options(max_retries=self.retries).remote(
-                ref, _ShippedScan(scan, [t.file.file_path for t in b]), b, target, budget, uuid.uuid4(), column_order
+                ref, _ShippedScan(scan, [t.file.file_path for t in b]), b, target, budget, column_order
             )
             for b in bins
         ]

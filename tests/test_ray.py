@@ -203,7 +203,9 @@ def test_compact_equals_single_process_and_survives_a_killed_worker(lake, flr, r
     assert t.stats()["update_files"] == 0
     # plain Iceberg now sees the merged values (invariant 8)
     assert _sorted(t.iceberg.scan().to_arrow().select(expected.column_names)).equals(expected)
-    # the killed run's files were overwritten by its re-run: every data file on disk is referenced
+    # the killed attempt's files are unreferenced leftovers: GC removes them, and then every
+    # data file on disk is referenced
+    lake.collect_garbage(older_than=timedelta(0))
     ice = t.refresh()
     referenced = {
         os.path.normpath(task.file.file_path.removeprefix("file://"))
