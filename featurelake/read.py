@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyiceberg.expressions import (
     AlwaysFalse,
@@ -48,6 +50,7 @@ from featurelake.errors import CorruptFileError, FeatureLakeError, InvalidArgume
 from featurelake.guard import manifest_errors
 from featurelake.schema import LOCATOR_FILE, LOCATOR_POS, arrow_schema
 from featurelake.state import PlatformState, UpdateEntry
+from featurelake.storage import storage_of
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table as IcebergTable
@@ -60,6 +63,14 @@ POS_FIELD_ID = 2147483645  # Iceberg's reserved field id of the `_pos` metadata 
 DEFAULT_BATCH = 65_536
 _TRANSIENT_RETRIES = 3
 WHOLE_FILE_BYTES = 64 << 20  # streaming reads decode a file's projection in one go below this size
+REMOTE_THREADS = 16  # files in flight on an object store, where each read waits on latency, not on a core
+# On an object store a request costs ~10-50 ms, as much as reading megabytes: the projected column
+# chunks of a file are fetched as one ranged GET, gaps of unread columns included, up to these sizes.
+_REMOTE_FORMAT = ds.ParquetFileFormat(
+    default_fragment_scan_options=ds.ParquetFragmentScanOptions(
+        pre_buffer=True, cache_options=pa.CacheOptions(hole_size_limit=8 << 20, range_size_limit=128 << 20, lazy=False)
+    )
+)
 
 
 FILTER_SYNTAX = (
@@ -234,15 +245,22 @@ class Scan:
         return tasks
 
     # --------------------------------------------------------------- reading
-    def _open(self, path: str) -> pq.ParquetFile:
+    def _open(self, path: str, size: int | None = None) -> "pq.ParquetFile | _RemoteParquet":
         attempt = 0
         while True:
             try:
+                if size and not path.startswith("file:"):
+                    _, fs, fs_path = storage_of(self.io).resolve(path)
+                    if not isinstance(fs, pafs.LocalFileSystem):
+                        return _RemoteParquet(fs, fs_path, size)
                 # Pre-buffering coalesces reads on object storage; on local disk it only costs.
                 return pq.ParquetFile(self.io.new_input(path).open(), pre_buffer=not path.startswith("file:"))
             except FileNotFoundError as e:
                 raise CorruptFileError(f"file {path} is missing", path) from e
             except pa.ArrowInvalid as e:
+                if size:  # a size recorded wrong (another engine's manifest): ask the store instead
+                    size = None
+                    continue
                 raise CorruptFileError(f"file {path} is corrupt: {e}", path) from e
             except OSError as e:
                 attempt += 1
@@ -252,15 +270,16 @@ class Scan:
 
     def _read_columns(
         self, path: str, requested: Schema, extra_ids: Sequence[int] = (), batch_size: int | None = None,
-        rows: tuple[int, int] | None = None,
+        rows: tuple[int, int] | None = None, size: int | None = None,
     ) -> Iterator[tuple[pa.RecordBatch, pa.RecordBatch | None]]:
         """Batches of ``requested`` (by field id, in current names), plus extra columns raw.
 
         ``batch_size`` 0 reads the whole file in one go (for whole-table reads).
         ``rows`` = (start, stop) reads only that row range, decoding only the row
-        groups that overlap it.
+        groups that overlap it. ``size`` (bytes, from the plan or the platform
+        state) saves an object store the request asking for it.
         """
-        pf = self._open(path)
+        pf = self._open(path, size)
         projected, columns, extra = _projection(pf.schema_arrow, frozenset(f.field_id for f in requested.fields), tuple(extra_ids))
         if not columns and not extra:
             lo, hi = rows if rows is not None else (0, pf.metadata.num_rows)
@@ -284,24 +303,37 @@ class Scan:
             raise CorruptFileError(f"file {path} is corrupt: {e}", path) from e
 
     def _load_layers(self, entries: list[UpdateEntry]) -> list[tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]]:
-        """The update layers touching the projection, oldest first: (entry, positions, values)."""
-        layers = []
-        for entry in entries:
-            ids = [i for i in entry.field_ids if i in self.read_ids]
-            if not ids:
-                continue
-            requested = Schema(*[f for f in self.read_schema.fields if f.field_id in ids])
-            parts, positions = [], []
-            for values, extra in self._read_columns(entry.update_file, requested, () if entry.dense else (POS_FIELD_ID,), batch_size=0):
-                parts.append(values)
-                if extra is not None:
-                    positions.append(extra.column(0).to_numpy(zero_copy_only=False))
-            table = pa.Table.from_batches(parts, schema=parts[0].schema) if parts else pa.table({})
-            batch = table.combine_chunks().to_batches()[0] if table.num_rows else _empty_batch(requested, 0)
-            pos = None if entry.dense else (np.concatenate(positions) if positions else np.empty(0, np.int64))
-            layers.append((entry, pos, batch))
-            self.report.update_files_read += 1
+        """The update layers touching the projection, oldest first: (entry, positions, values).
+
+        On an object store the update files are fetched in parallel (each read waits on latency).
+        """
+        wanted = [e for e in entries if any(i in self.read_ids for i in e.field_ids)]
+        if len(wanted) > 1 and not self._local:
+            with ThreadPoolExecutor(max_workers=min(len(wanted), REMOTE_THREADS)) as pool:
+                layers = list(pool.map(self._load_layer, wanted))
+        else:
+            layers = [self._load_layer(e) for e in wanted]
+        self.report.update_files_read += len(layers)
         return layers
+
+    def _load_layer(self, entry: UpdateEntry) -> tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]:
+        ids = [i for i in entry.field_ids if i in self.read_ids]
+        requested = Schema(*[f for f in self.read_schema.fields if f.field_id in ids])
+        parts, positions = [], []
+        for values, extra in self._read_columns(
+            entry.update_file, requested, () if entry.dense else (POS_FIELD_ID,), batch_size=0, size=entry.bytes
+        ):
+            parts.append(values)
+            if extra is not None:
+                positions.append(extra.column(0).to_numpy(zero_copy_only=False))
+        table = pa.Table.from_batches(parts, schema=parts[0].schema) if parts else pa.table({})
+        batch = table.combine_chunks().to_batches()[0] if table.num_rows else _empty_batch(requested, 0)
+        pos = None if entry.dense else (np.concatenate(positions) if positions else np.empty(0, np.int64))
+        return entry, pos, batch
+
+    @property
+    def _local(self) -> bool:
+        return storage_of(self.io).is_local(self.ice.location())
 
     def layers_for(self, path: str) -> list[tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]]:
         """The update layers of one data file that touch the projection (loaded now)."""
@@ -322,7 +354,9 @@ class Scan:
         if layers is None:
             layers = self.layers_for(path)
         pos = start
-        for base, _ in self._read_columns(path, self.read_schema, batch_size=batch_size, rows=(start, stop)):
+        for base, _ in self._read_columns(
+            path, self.read_schema, batch_size=batch_size, rows=(start, stop), size=task.file.file_size_in_bytes
+        ):
             n = base.num_rows
             merged = _apply_layers(base, layers, pos) if layers else base
             merged = _with_locator(merged, path, pos) if self.with_locator else merged.append_column(
@@ -342,7 +376,9 @@ class Scan:
         path = task.file.file_path
         layers = self.layers_for(path)
         start = 0
-        for base, _ in self._read_columns(path, self.read_schema, batch_size=0 if whole else None):
+        for base, _ in self._read_columns(
+            path, self.read_schema, batch_size=0 if whole else None, size=task.file.file_size_in_bytes
+        ):
             n = base.num_rows
             merged = _apply_layers(base, layers, start) if layers else base
             if self.with_locator:
@@ -370,13 +406,14 @@ class Scan:
     def to_table(self, threads: int | None = None) -> pa.Table:
         """The whole result, files read in parallel, in plan order.
 
-        One file per core at a time: Arrow already decodes each file's column
-        chunks on its own thread pool, and more files in flight only thrash.
+        Locally one file per core at a time: Arrow already decodes each file's
+        column chunks on its own thread pool, and more files in flight only
+        thrash. On an object store more files are in flight: each waits on latency.
         """
         t0 = time.perf_counter()
         tasks = self.tasks()
         budget = self._budget(tasks)
-        threads = threads or max(2, os.cpu_count() or 2)
+        threads = threads or (max(2, os.cpu_count() or 2) if self._local else REMOTE_THREADS)
         if len(tasks) <= 1:
             results = [self._guarded(t, budget, whole=True) for t in tasks]
         else:
@@ -422,6 +459,29 @@ class Scan:
                         self.report.rows += piece.num_rows
                         yield piece
         self.report.files = len(tasks) - len(self.report.skipped_files)
+
+
+class _RemoteParquet:
+    """A Parquet file on an object store, read as a dataset fragment of known size.
+
+    The part of ``pq.ParquetFile`` the reader uses. The size known up front
+    saves the HEAD request opening a file costs; the footer is one ranged GET
+    and a projection one more (see ``_REMOTE_FORMAT``).
+    """
+
+    def __init__(self, fs: pafs.FileSystem, path: str, size: int) -> None:
+        self.fragment = _REMOTE_FORMAT.make_fragment(path, filesystem=fs, file_size=size)
+        self.metadata = self.fragment.metadata
+        self.schema_arrow = self.fragment.physical_schema
+
+    def read(self, columns: list[str], use_threads: bool = True) -> pa.Table:
+        return self.fragment.to_table(columns=columns, use_threads=use_threads)
+
+    def iter_batches(
+        self, batch_size: int, columns: list[str], use_threads: bool = True, row_groups: list[int] | None = None
+    ) -> Iterator[pa.RecordBatch]:
+        fragment = self.fragment if row_groups is None else self.fragment.subset(row_group_ids=row_groups)
+        return fragment.to_batches(columns=columns, batch_size=batch_size, use_threads=use_threads)
 
 
 _PROJECTIONS: dict = {}
