@@ -257,12 +257,12 @@ class Scan:
                 return pq.ParquetFile(self.io.new_input(path).open(), pre_buffer=not path.startswith("file:"))
             except FileNotFoundError as e:
                 raise CorruptFileError(f"file {path} is missing", path) from e
-            except pa.ArrowInvalid as e:
-                if size:  # a size recorded wrong (another engine's manifest): ask the store instead
+            except (pa.ArrowInvalid, OSError) as e:
+                if size:  # missing, or a size recorded wrong: open it the plain way, which tells which
                     size = None
                     continue
-                raise CorruptFileError(f"file {path} is corrupt: {e}", path) from e
-            except OSError as e:
+                if isinstance(e, pa.ArrowInvalid):
+                    raise CorruptFileError(f"file {path} is corrupt: {e}", path) from e
                 attempt += 1
                 if attempt > _TRANSIENT_RETRIES:
                     raise CorruptFileError(f"file {path} cannot be read: {e}", path) from e
