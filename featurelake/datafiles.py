@@ -212,8 +212,6 @@ def _repeats(column: pa.ChunkedArray) -> bool:
 
 def _statistics_paths(meta: TableMetadata, leaves: list[tuple[str, str]]) -> bool | list[str]:
     """Parquet statistics only for the columns whose bounds the table keeps (all when metrics are not slimmed)."""
-    from featurelake.rewrite import _stats_field_ids
-
     keep = _stats_field_ids(meta)
     if keep is None:
         return True
@@ -265,3 +263,20 @@ def _write_file(
 def index_keys(written: Sequence[WrittenFile], key_columns: Sequence[str]) -> list[tuple[str, pa.Table | None]]:
     """(data file path, its key columns in row order, None when not kept) of files just written."""
     return [(w.data_file.file_path, None if w.rows is None else w.rows.select(list(key_columns))) for w in written]
+
+
+def _stats_field_ids(meta: TableMetadata) -> set[int] | None:
+    """Field ids whose statistics the table keeps; None when metrics are not slimmed."""
+    props = meta.properties
+    if props.get("write.metadata.metrics.default", "").lower() != "none":
+        return None
+    schema = meta.schema()
+    prefix = "write.metadata.metrics.column."
+    keep = set()
+    for key, mode in props.items():
+        if key.startswith(prefix) and mode.lower() != "none":
+            try:
+                keep.add(schema.find_field(key[len(prefix) :]).field_id)
+            except ValueError:
+                pass
+    return keep

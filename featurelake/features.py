@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 import pyarrow as pa
 
 from featurelake.errors import FeatureLakeError, InvalidNameError, SchemaMismatchError
-from featurelake.quality import Expectations
 
 if TYPE_CHECKING:
+    from featurelake.quality import Expectations
     from featurelake.table import Table
 
 FeatureFn = Callable[[pa.Table], Any]
@@ -203,7 +203,7 @@ def columns_in_use(table: "Table", columns: Sequence[str], exclude: Sequence[str
     table-wide, so a column backfilled on a research branch shows up (all
     null) on main too until it is soft-deleted.
     """
-    from featurelake.merge import snapshot_files
+    from featurelake.livefiles import snapshot_files
 
     ice = table.refresh()
     meta = ice.metadata

@@ -60,6 +60,12 @@ from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.snapshots import Snapshot
 
 from featurelake import refs
+from featurelake.staleness import (  # noqa: F401  (public here as before)
+    MAX_PENDING_LAYERS_PROPERTY,
+    MAX_STALENESS_PROPERTY,
+    StalenessPolicy,
+    staleness_policy,
+)
 from featurelake.state import state_of
 
 if TYPE_CHECKING:
@@ -67,12 +73,7 @@ if TYPE_CHECKING:
     from featurelake.table import Table
 
 SMALL_FILE_PROPERTY = "featurelake.small-file-bytes"
-
-
-def _default_small_bytes() -> int:
-    from featurelake.table import SMALL_FILE_BYTES
-
-    return SMALL_FILE_BYTES
+SMALL_FILE_BYTES = 32 * 1024 * 1024  # data files below this count as small (compaction merges them)
 
 
 # ---------------------------------------------------------------- caches
@@ -202,7 +203,7 @@ def _summary_int(snapshot: Snapshot, key: str) -> int | None:
 
 def small_file_bytes_of(ice: IcebergTable) -> int:
     """The table's small-file size (``featurelake.small-file-bytes``, default 32 MiB)."""
-    return int(ice.metadata.properties.get(SMALL_FILE_PROPERTY, _default_small_bytes()))
+    return int(ice.metadata.properties.get(SMALL_FILE_PROPERTY, SMALL_FILE_BYTES))
 
 
 # ---------------------------------------------------------------- API
@@ -353,49 +354,6 @@ def lake_health(
 
 
 # ---------------------------------------------------------------- external readers
-MAX_PENDING_LAYERS_PROPERTY = "external-readers.max-pending-layers"
-MAX_STALENESS_PROPERTY = "external-readers.max-staleness"
-
-
-@dataclass(frozen=True)
-class StalenessPolicy:
-    """How stale a table may look to engines that ignore update files (table properties).
-
-    ``external-readers.max-pending-layers=N``: at most N update files stacked on
-    any data file (0: external readers must always see final values).
-    ``external-readers.max-staleness=12h``: no update may stay pending longer.
-    Unset: no bound. The compaction sensor requests compaction on a violation.
-    """
-
-    max_pending_layers: int | None = None
-    max_staleness: timedelta | None = None
-
-    @property
-    def bounded(self) -> bool:
-        return self.max_pending_layers is not None or self.max_staleness is not None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "max_pending_layers": self.max_pending_layers,
-            "max_staleness_seconds": self.max_staleness.total_seconds() if self.max_staleness else None,
-        }
-
-
-def staleness_policy(properties: dict[str, str]) -> StalenessPolicy:
-    """The policy set in a table's properties; InvalidArgumentError for a value it cannot use."""
-    from featurelake.durations import parse_duration
-    from featurelake.errors import InvalidArgumentError
-
-    layers = properties.get(MAX_PENDING_LAYERS_PROPERTY)
-    age = properties.get(MAX_STALENESS_PROPERTY)
-    if layers is not None and not (layers.strip().isdigit()):
-        raise InvalidArgumentError(f"{MAX_PENDING_LAYERS_PROPERTY} must be a whole number >= 0, not {layers!r}")
-    return StalenessPolicy(
-        max_pending_layers=int(layers) if layers is not None else None,
-        max_staleness=parse_duration(age, MAX_STALENESS_PROPERTY) if age is not None else None,
-    )
-
-
 def staleness_of(health: dict[str, Any], policy: StalenessPolicy, now: datetime | None = None) -> dict[str, Any]:
     """How stale a branch head looks to external readers, and which policy bounds it breaks.
 

@@ -460,7 +460,7 @@ def rebuild(table, branch: str = "main") -> dict:
     """Replace a branch's index by one segment built from its data files (a metadata-only commit)."""
     from featurelake import refs
     from featurelake.commit import optimistic
-    from featurelake.merge import snapshot_files
+    from featurelake.livefiles import snapshot_files
     from featurelake.state import STATE_KEY, StateWriter
 
     def attempt(ice) -> dict:
@@ -481,48 +481,7 @@ def rebuild(table, branch: str = "main") -> dict:
     return optimistic(table.refresh, attempt, f"rebuild index of {table.name}@{branch}")
 
 
-def verify(table, branch: str = "main", snapshot_id: int | None = None) -> dict:
-    """Check the index against the data: every live row found at its own place, no key twice."""
-    from featurelake import refs
-    from featurelake.keys import ROW, duplicate_keys, find
-    from featurelake.merge import snapshot_files
-    from featurelake.schema import LOCATOR_FILE, LOCATOR_POS
-
-    ice = table.refresh()
-    snap = refs.resolve(ice.metadata, branch, snapshot_id)
-    keys = table.primary_key
-    state = table._state(ice, snap)
-    live = set(snapshot_files(ice, snap))
-    truth = table.scan(keys, branch=str(snap.snapshot_id) if snap else branch, with_locator=True, ice=ice).to_table()
-    found = find(table, ice, snap, truth.select(keys))
-    # (key, file, row) triples: a hit at another key's row is wrong even though that row exists
-    codes = encode(truth.select(keys))
-    expected = set(zip(codes.tolist(), truth.column(LOCATOR_FILE).to_pylist(), truth.column(LOCATOR_POS).to_pylist()))
-    got = set(
-        zip(
-            codes[found.column(ROW).to_numpy()].tolist(),
-            found.column(LOCATOR_FILE).cast(pa.string()).to_pylist(),
-            found.column(LOCATOR_POS).to_pylist(),
-        )
-    )
-    covered = covered_files(ice.io, state.index_segments) if state.index_segments else set()
-    dups = duplicate_keys(truth, keys)
-    exact = key_is_exact(ice.schema(), keys)
-    report = {
-        "branch": branch,
-        "rows": truth.num_rows,
-        "segments": len(state.index_segments),
-        "uncovered_files": len(live - covered),
-        "missing": len(expected - got),
-        "wrong": len(got - expected),
-        "duplicate_keys": dups.num_rows,
-        "duplicate_entries": _duplicate_entries(ice.io, state.index_segments, live) if exact else 0,
-    }
-    report["ok"] = report["missing"] == report["wrong"] == report["duplicate_keys"] == report["duplicate_entries"] == 0
-    return report
-
-
-def _duplicate_entries(io: FileIO, segments: Sequence[dict], live: set[str]) -> int:
+def duplicate_entries(io: FileIO, segments: Sequence[dict], live: set[str]) -> int:
     """Keys that live entries of an exact index place at more than one row.
 
     A lookup reads one entry per key and segment, so a second entry can hide

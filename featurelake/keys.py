@@ -16,7 +16,9 @@ from pyiceberg.conversions import from_bytes
 from pyiceberg.expressions import And, GreaterThanOrEqual, LessThanOrEqual
 from pyiceberg.table import FileScanTask
 
+from featurelake import index, refs
 from featurelake.errors import DuplicateKeyError, NullKeyError, SchemaMismatchError
+from featurelake.livefiles import snapshot_files
 from featurelake.schema import LOCATOR_FILE, LOCATOR_POS, arrow_schema
 
 if TYPE_CHECKING:
@@ -149,9 +151,6 @@ def find(table: "Table", ice: "IcebergTable", snapshot: "Snapshot | None", key_t
     hashed (non-integer or composite) keys are verified against the data.
     ``_file`` is dictionary-encoded: one string per file, not per row.
     """
-    from featurelake import index
-    from featurelake.merge import snapshot_files
-
     keys = table.primary_key
     out_schema = pa.schema(
         [pa.field(ROW, pa.int64()), pa.field(LOCATOR_FILE, pa.dictionary(pa.int32(), pa.string())), pa.field(LOCATOR_POS, pa.int64())]
@@ -201,8 +200,6 @@ def found_keys(found: pa.Table, key_table: pa.Table, keys: Sequence[str]) -> pa.
 
 def _verify(ice: "IcebergTable", hits: pa.Table, key_table: pa.Table, keys: Sequence[str]) -> pa.Table:
     """Drop hash collisions: keep hits whose data row really holds the key."""
-    from featurelake.index import read_key_columns
-
     keep = np.zeros(hits.num_rows, dtype=bool)
     files = hits.column(LOCATOR_FILE).combine_chunks()
     file_idx = files.indices.to_numpy(zero_copy_only=False)
@@ -212,7 +209,7 @@ def _verify(ice: "IcebergTable", hits: pa.Table, key_table: pa.Table, keys: Sequ
         rows = np.flatnonzero(file_idx == i)
         if not len(rows):
             continue
-        actual = read_key_columns(ice, path, keys).take(pa.array(positions[rows]))
+        actual = index.read_key_columns(ice, path, keys).take(pa.array(positions[rows]))
         wanted = key_table.take(pa.array(probe_rows[rows]))
         same = np.ones(len(rows), dtype=bool)
         for k in keys:
@@ -221,4 +218,40 @@ def _verify(ice: "IcebergTable", hits: pa.Table, key_table: pa.Table, keys: Sequ
     return hits.filter(pa.array(keep))
 
 
-__all__ = ["check_keys", "conform_keys", "duplicate_keys", "locate", "find", "found_keys", "ROW", "LOCATOR_FILE", "LOCATOR_POS"]
+def verify_index(table: "Table", branch: str = "main", snapshot_id: int | None = None) -> dict:
+    """Check the index against the data: every live row found at its own place, no key twice."""
+    ice = table.refresh()
+    snap = refs.resolve(ice.metadata, branch, snapshot_id)
+    keys = table.primary_key
+    state = table._state(ice, snap)
+    live = set(snapshot_files(ice, snap))
+    truth = table.scan(keys, branch=str(snap.snapshot_id) if snap else branch, with_locator=True, ice=ice).to_table()
+    found = find(table, ice, snap, truth.select(keys))
+    # (key, file, row) triples: a hit at another key's row is wrong even though that row exists
+    codes = index.encode(truth.select(keys))
+    expected = set(zip(codes.tolist(), truth.column(LOCATOR_FILE).to_pylist(), truth.column(LOCATOR_POS).to_pylist()))
+    got = set(
+        zip(
+            codes[found.column(ROW).to_numpy()].tolist(),
+            found.column(LOCATOR_FILE).cast(pa.string()).to_pylist(),
+            found.column(LOCATOR_POS).to_pylist(),
+        )
+    )
+    covered = index.covered_files(ice.io, state.index_segments) if state.index_segments else set()
+    dups = duplicate_keys(truth, keys)
+    exact = index.key_is_exact(ice.schema(), keys)
+    report = {
+        "branch": branch,
+        "rows": truth.num_rows,
+        "segments": len(state.index_segments),
+        "uncovered_files": len(live - covered),
+        "missing": len(expected - got),
+        "wrong": len(got - expected),
+        "duplicate_keys": dups.num_rows,
+        "duplicate_entries": index.duplicate_entries(ice.io, state.index_segments, live) if exact else 0,
+    }
+    report["ok"] = report["missing"] == report["wrong"] == report["duplicate_keys"] == report["duplicate_entries"] == 0
+    return report
+
+
+__all__ = ["check_keys", "conform_keys", "duplicate_keys", "locate", "find", "found_keys", "verify_index", "ROW", "LOCATOR_FILE", "LOCATOR_POS"]

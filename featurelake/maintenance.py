@@ -23,6 +23,7 @@ from pyiceberg.table.snapshots import DELETED_DATA_FILES, Operation
 
 from featurelake import index, refs
 from featurelake import placement as _placement
+from featurelake.health import SMALL_FILE_BYTES, SMALL_FILE_PROPERTY
 from featurelake.commit import cleanup_on_failure, commit, delete_quietly, optimistic
 from featurelake.errors import CorruptFileError
 from featurelake.rewrite import merged_rows, rewrite_scan, write_data_files
@@ -213,8 +214,6 @@ def compact(
     ``rewrite_bins`` rewrites the planned bins (default :func:`rewrite_here`;
     featurelake.ray passes one that rewrites them in parallel Ray tasks).
     """
-    from featurelake.table import SMALL_FILE_BYTES
-
     t0 = time.perf_counter()
     report = CompactionReport(table=table.name, branch=branch)
     reuse: dict[frozenset, _Bin] = {}
@@ -226,7 +225,7 @@ def compact(
     def plan_on(ice: IcebergTable, head) -> _Plan | None:
         props = ice.metadata.properties
         target = target_file_bytes or int(props.get("write.target-file-size-bytes", DEFAULT_TARGET_BYTES))
-        small = small_file_bytes or int(props.get("featurelake.small-file-bytes", SMALL_FILE_BYTES))
+        small = small_file_bytes or int(props.get(SMALL_FILE_PROPERTY, SMALL_FILE_BYTES))
         state = table._state(ice, head)
         order = None
         if placement:
@@ -311,7 +310,7 @@ def _commit_bins(
 
     Files it writes go to ``written``; those the commit references, once it lands, to ``committed``.
     """
-    from featurelake.merge import snapshot_files
+    from featurelake.livefiles import snapshot_files
 
     state = table._state(ice, head)
     writer = StateWriter(state, ice.io, table._platform_dir(ice))

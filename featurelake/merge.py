@@ -30,44 +30,11 @@ from pyiceberg.table.snapshots import Snapshot
 from featurelake import refs
 from featurelake.commit import commit, commit_refs, optimistic
 from featurelake.errors import BranchNotFoundError, FeatureLakeError, MergeConflictError
-from featurelake.guard import manifest_errors
+from featurelake.livefiles import _FILES_CACHE, remember_files, snapshot_files  # noqa: F401  (public here as before)
 from featurelake.state import PlatformState, StateWriter, UpdateEntry, summary_props
 
 if TYPE_CHECKING:
     from featurelake.table import Table
-
-_FILES_CACHE: dict[tuple[str, int], dict[str, DataFile]] = {}
-
-
-def snapshot_files(ice: IcebergTable, snapshot: Snapshot | None) -> dict[str, DataFile]:
-    """Live data files of a snapshot by path (cached: snapshots are immutable)."""
-    if snapshot is None:
-        return {}
-    key = (str(ice.metadata.table_uuid), snapshot.snapshot_id)
-    if key not in _FILES_CACHE:
-        if len(_FILES_CACHE) > 256:
-            _FILES_CACHE.clear()
-        with manifest_errors(ice.io, snapshot):
-            _FILES_CACHE[key] = {t.file.file_path: t.file for t in ice.scan(snapshot_id=snapshot.snapshot_id).plan_files()}
-    return _FILES_CACHE[key]
-
-
-def remember_files(ice: IcebergTable, parent: Snapshot | None, snapshot_id: int | None, added: list[DataFile], removed: list[DataFile] = ()) -> None:
-    """Record the live files of a snapshot this process just committed on ``parent``
-    (parent's files, less ``removed``, plus ``added``), so the next write plans no manifests."""
-    if snapshot_id is None:
-        return
-    base = _FILES_CACHE.get((str(ice.metadata.table_uuid), parent.snapshot_id)) if parent is not None else {}
-    if base is None:
-        return
-    files = dict(base)
-    for f in removed:
-        files.pop(f.file_path, None)
-    files.update((f.file_path, f) for f in added)
-    if len(_FILES_CACHE) > 256:
-        _FILES_CACHE.clear()
-    _FILES_CACHE[(str(ice.metadata.table_uuid), snapshot_id)] = files
-
 
 MERGED_FROM = "featurelake.merged-from"
 

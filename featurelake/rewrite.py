@@ -20,7 +20,7 @@ from pyiceberg.table import FileScanTask
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
-from featurelake.datafiles import WrittenFile, schema_facts, write_rows
+from featurelake.datafiles import WrittenFile, _stats_field_ids, schema_facts, write_rows
 from featurelake.schema import LOCATOR_POS
 from featurelake.state import StateWriter
 
@@ -155,23 +155,6 @@ def sort_rows(meta, rows: pa.Table) -> pa.Table:
     if not keys or rows.num_rows < 2:
         return rows
     return rows.take(pc.sort_indices(rows, sort_keys=keys))
-
-
-def _stats_field_ids(meta) -> set[int] | None:
-    """Field ids whose statistics the table keeps; None when metrics are not slimmed."""
-    props = meta.properties
-    if props.get("write.metadata.metrics.default", "").lower() != "none":
-        return None
-    schema = meta.schema()
-    prefix = "write.metadata.metrics.column."
-    keep = set()
-    for key, mode in props.items():
-        if key.startswith(prefix) and mode.lower() != "none":
-            try:
-                keep.add(schema.find_field(key[len(prefix) :]).field_id)
-            except ValueError:
-                pass
-    return keep
 
 
 def plan_removal(

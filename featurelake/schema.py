@@ -194,7 +194,7 @@ def check_user_properties(properties: dict[str, str]) -> dict[str, str]:
     reserved = [k for k in properties if k in RESERVED_PROPERTIES]
     if reserved:
         raise InvalidArgumentError(f"table properties {reserved} are set by featurelake (use primary_key=...)")
-    from featurelake.health import staleness_policy
+    from featurelake.staleness import staleness_policy
 
     staleness_policy(properties)  # a bad external-reader policy fails here, not in the sensor
     version = properties.get("format-version", FORMAT_VERSION)

@@ -22,7 +22,7 @@ import shutil
 import time as _time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -46,10 +46,14 @@ from featurelake.seqstore import (
     RocksDBBackend,
     StoreBackend,
     backend_from_dict,
-    codec_from_dict,
     write_json_atomic,
 )
-from featurelake.table import MAIN
+from featurelake.seqbuildinfo import (  # noqa: F401  (public here as before)
+    BUILD_FORMAT,
+    DEFAULT_THREADS,
+    BuildInfo,
+    SequenceBuildError,
+)
 
 if TYPE_CHECKING:
     from featurelake.sequences import SequenceTable
@@ -57,79 +61,6 @@ if TYPE_CHECKING:
 DEFAULT_CHUNK_EVENTS = 128
 BUCKET_ROWS = 4_000_000      # events sorted in memory at once during a build; more spill to disk by key range
 MAX_LAYERS = 8               # incremental layers on one store before a build starts over
-BUILD_FORMAT = 1
-DEFAULT_THREADS = 4
-
-
-class SequenceBuildError(FeatureLakeError):
-    """No store build reflects the snapshot asked for, or a build cannot be made."""
-
-
-# =========================================================== build records
-@dataclasses.dataclass
-class BuildInfo:
-    """One store build: the snapshot it reflects, where it lives, what it holds.
-
-    ``layers`` are sorted-file paths relative to the build folder, oldest
-    layer first; ``bytes`` counts this build's new files, ``store_bytes`` all
-    layers (shared layers are hard links, so disk use is lower).
-    """
-
-    build_id: str
-    table: str
-    snapshot_id: int
-    branch: str | None
-    created_at: str
-    key: str
-    time: str
-    key_type: str
-    time_type: str
-    chunk_events: int
-    column_groups: list[list[str]]
-    group_schemas: list[str]
-    store: dict
-    layers: list[list[str]]
-    users: int
-    events: int
-    chunks: int
-    bytes: int
-    store_bytes: int
-    group_codecs: list[dict] = dataclasses.field(default_factory=list)
-    codec_mode: str = "auto"
-    columns: list[str] = dataclasses.field(default_factory=list)  # time + attributes, in table order
-    incremental: bool = False
-    base_build: str | None = None
-    new_events: int = 0
-    affected_users: int = 0
-    seconds: float = 0.0
-    tasks: int = 0  # parallel Ray tasks that wrote the sorted files (featurelake.ray); 0: built in-process
-    format: int = BUILD_FORMAT
-    path: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d.pop("group_schemas")
-        d["group_codecs"] = [c.get("kind", "ipc") for c in self.group_codecs]
-        return d
-
-    @property
-    def db_dir(self) -> str:
-        return str(Path(self.path) / "db")
-
-    def layout(self) -> tuple:
-        """What must match for an incremental build to extend this one."""
-        return (self.key, self.time, self.key_type, self.time_type, self.chunk_events,
-                self.column_groups, self.group_schemas, self.store, self.codec_mode)
-
-    def schemas(self) -> list[pa.Schema]:
-        return [ipc.read_schema(pa.py_buffer(base64.b64decode(s))) for s in self.group_schemas]
-
-    def codecs(self) -> list:
-        schemas = self.schemas()
-        raw = self.group_codecs or [{"kind": "ipc"}] * len(schemas)
-        return [codec_from_dict(d, s, self.chunk_events) for d, s in zip(raw, schemas)]
-
-
 def _load_build(path: Path) -> BuildInfo:
     import json
 
@@ -152,7 +83,7 @@ def _schema_b64(schema: pa.Schema) -> str:
 # ================================================================= building
 def build_store(
     st: SequenceTable,
-    branch: str = MAIN,
+    branch: str = refs.MAIN,
     snapshot_id: int | None = None,
     *,
     incremental: bool = True,
@@ -392,7 +323,7 @@ def _extend_build(st: SequenceTable, ice, snap, layout: _Layout, backend: StoreB
     Returns None when the new events do not fit the base's codecs (a
     dictionary would grow past DICT_MAX): the caller builds from scratch.
     """
-    from featurelake.seqlookup import SequenceStore  # lazy: seqlookup imports this module
+    from featurelake.seqlookup import SequenceStore
     from featurelake.seqstore import _link_or_copy
 
     codec = KeyCodec.for_type(layout.key_type)

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from featurelake.errors import CorruptFileError, FeatureLakeError, SchemaMismatchError
-from featurelake.seqbuild import BUILD_FORMAT, DEFAULT_THREADS, BuildInfo, SequenceBuildError
+from featurelake.seqbuildinfo import BUILD_FORMAT, DEFAULT_THREADS, BuildInfo, SequenceBuildError
 from featurelake.seqlayout import _int_times
 from featurelake.seqstore import READERS, FixedCodec, KeyCodec, backend_from_dict
 

@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
@@ -65,7 +64,6 @@ import pyarrow.compute as pc
 from featurelake import refs
 from featurelake.errors import (
     DuplicateKeyError,
-    FeatureLakeError,
     NullKeyError,
     SchemaMismatchError,
     TableNotFoundError,
@@ -81,7 +79,14 @@ from featurelake.seqbuild import (
     _load_build,
     build_store,
 )
-from featurelake.seqlookup import DEFAULT_BATCH_KEYS, SequenceStore, _as_array, _window_int
+from featurelake.seqjoin import (  # noqa: F401  (public here as before)
+    JOIN_SLICE_ROWS,
+    SequenceView,
+    columns_for_join,
+    join_sequences,
+    join_sequences_batches,
+)
+from featurelake.seqlookup import DEFAULT_BATCH_KEYS, SequenceStore, _as_array
 from featurelake.seqstore import READERS, KeyCodec
 from featurelake.storage import storage_of
 from featurelake.table import MAIN, Table, _chunks
@@ -120,7 +125,6 @@ PROP_EVENT_ID = "featurelake.sequence.event-id"
 PROP_SYNTHETIC = "featurelake.sequence.event-id-synthetic"
 DEFAULT_EVENT_ID = "event_id"
 STORE_DIR = "sequence-store"  # under the table's folder when the lake has no home
-JOIN_SLICE_ROWS = 65_536
 
 
 # ================================================================= creation
@@ -467,116 +471,3 @@ class SequenceTable(Table):
                 for b in builds
             ],
         }
-
-
-# ==================================================================== joining
-class SequenceView:
-    """What ``Table.read/batches(sequences={name: view})`` joins: a store plus lookup settings."""
-
-    def __init__(self, store: SequenceStore, key: str, time: str, columns: list[str], max_len: int | None,
-                 window: Any, threads: int, batch_keys: int) -> None:
-        self.store = store
-        self.key = key
-        self.time = time
-        self.columns = columns
-        self.max_len = max_len
-        self.window = window
-        self.threads = threads
-        self.batch_keys = batch_keys
-        self.type = store.output_type(columns)
-        _window_int(window, store.time_type)  # fail now, not at the first batch
-        self.stats: dict[str, int] = {}
-
-    def __repr__(self) -> str:
-        return (f"SequenceView({self.store.info.table}@{self.store.info.snapshot_id}, key={self.key!r}, "
-                f"time={self.time!r}, columns={self.columns}, max_len={self.max_len})")
-
-    def join(self, keys: pa.Array, times: pa.Array) -> pa.ListArray:
-        """The list column for one batch of training rows."""
-        if isinstance(keys, pa.ChunkedArray):
-            keys = keys.combine_chunks()
-        if isinstance(times, pa.ChunkedArray):
-            times = times.combine_chunks()
-        out = self.store.lookup(_as_array(keys, self.store.key_type), times, self.columns, self.max_len, self.window,
-                                self.threads, self.batch_keys)
-        for k, v in self.store.last_stats.items():
-            self.stats[k] = self.stats.get(k, 0) + v
-        return out
-
-
-def _check_views(sequences: dict[str, Any], names: Sequence[str]) -> None:
-    for name, view in sequences.items():
-        if not isinstance(view, SequenceView):
-            raise FeatureLakeError(f"sequences[{name!r}] must be a view from SequenceTable.view(), not {type(view).__name__}")
-        if name in names:
-            raise SchemaMismatchError(f"sequence column {name!r} clashes with a column of the read", [name])
-        missing = [c for c in (view.key, view.time) if c not in names]
-        if missing:
-            raise SchemaMismatchError(f"the read has no column(s) {missing} for sequence {name!r}", missing)
-
-
-def columns_for_join(columns: Sequence[str] | None, sequences: dict[str, Any]) -> tuple[list[str] | None, list[str]]:
-    """The columns a read must fetch for its joins, and those to drop afterwards."""
-    if columns is None:
-        return None, []
-    cols = list(columns)
-    extra = []
-    for view in sequences.values():
-        for c in (getattr(view, "key", None), getattr(view, "time", None)):
-            if c is not None and c not in cols and c not in extra:
-                extra.append(c)
-    return cols + extra, extra
-
-
-def _join_one(data: pa.Table | pa.RecordBatch, sequences: dict[str, Any]):
-    for name, view in sequences.items():
-        col = view.join(data.column(view.key), data.column(view.time))
-        data = data.append_column(pa.field(name, view.type), col)
-    return data
-
-
-def join_sequences(result: pa.Table, sequences: dict[str, Any], drop: Sequence[str] = ()) -> pa.Table:
-    """Append one list<struct> column per view to ``result`` (row order kept), slice by slice."""
-    _check_views(sequences, result.column_names)
-    parts = [_join_one(pa.Table.from_batches([b]), sequences) for b in _slices(result)]
-    if parts:
-        out = pa.concat_tables(parts)
-    else:
-        empty = result.schema
-        for name, view in sequences.items():
-            empty = empty.append(pa.field(name, view.type))
-        out = empty.empty_table()
-    return out.drop_columns(list(drop)) if drop else out
-
-
-def _slices(result: pa.Table) -> Iterator[pa.RecordBatch]:
-    for batch in result.to_batches(max_chunksize=JOIN_SLICE_ROWS):
-        if batch.num_rows:
-            yield batch
-
-
-def join_sequences_batches(stream: Iterator[pa.RecordBatch], sequences: dict[str, Any], drop: Sequence[str] = (),
-                           prefetch: int = 1) -> Iterator[pa.RecordBatch]:
-    """Join each batch of ``stream``; the next batch is joined in the background while one is consumed."""
-    checked = False
-    pending: list = []
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="featurelake-join")
-
-    def finish(fut) -> pa.RecordBatch:
-        out = fut.result()
-        return out.drop_columns(list(drop)) if drop else out
-
-    try:
-        for batch in stream:
-            if not checked:
-                _check_views(sequences, batch.schema.names)
-                checked = True
-            pending.append(pool.submit(_join_one, batch, sequences))
-            if len(pending) > prefetch:
-                yield finish(pending.pop(0))
-        while pending:
-            yield finish(pending.pop(0))
-    finally:
-        for fut in pending:
-            fut.cancel()
-        pool.shutdown(wait=True)

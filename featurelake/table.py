@@ -22,10 +22,11 @@ from featurelake import refs
 from featurelake.commit import cleanup_on_failure, commit, optimistic, reuse_first
 from featurelake.errors import DuplicateKeyError, InvalidArgumentError, SchemaMismatchError
 from featurelake.guard import storage_errors, track
+from featurelake.health import SMALL_FILE_BYTES, SMALL_FILE_PROPERTY
 from featurelake import index
 from featurelake.index import read_key_columns
-from featurelake.keys import check_keys, find, found_keys
-from featurelake.merge import remember_files, snapshot_files
+from featurelake.keys import check_keys, find, found_keys, verify_index
+from featurelake.livefiles import remember_files, snapshot_files
 from featurelake.datafiles import index_keys, schema_facts
 from featurelake.rewrite import Removal, plan_removal, write_files
 from featurelake.read import DEFAULT_BATCH, Scan, parse_filter
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
 
 MAIN = refs.MAIN
 CHUNK_ROWS = 1_000_000
-SMALL_FILE_BYTES = 32 * 1024 * 1024
 
 
 class Table:
@@ -149,14 +149,14 @@ class Table:
         """Read a branch, tag or snapshot with update files merged in."""
         extra: list[str] = []
         if sequences:  # the joins need their key and time columns: read them, drop them after
-            from featurelake.sequences import columns_for_join
+            from featurelake.seqjoin import columns_for_join
 
             columns, extra = columns_for_join(columns, sequences)
         scan = self.scan(columns, filter, branch, snapshot_id, with_locator, max_bad_file_ratio)
         result = scan.to_table()
         self.last_read_report = scan.report
         if sequences:
-            from featurelake.sequences import join_sequences
+            from featurelake.seqjoin import join_sequences
 
             result = join_sequences(result, sequences, drop=extra)
         return result
@@ -208,14 +208,14 @@ class Table:
         """Stream record batches with bounded memory (files are read one or two ahead)."""
         extra: list[str] = []
         if sequences:  # the joins need their key and time columns: read them, drop them after
-            from featurelake.sequences import columns_for_join
+            from featurelake.seqjoin import columns_for_join
 
             columns, extra = columns_for_join(columns, sequences)
         scan = self.scan(columns, filter, branch, snapshot_id, with_locator, max_bad_file_ratio, batch_size)
         self.last_read_report = scan.report
         stream = scan.to_batches(shuffle=shuffle, seed=seed, sample=sample)
         if sequences:
-            from featurelake.sequences import join_sequences_batches
+            from featurelake.seqjoin import join_sequences_batches
 
             return join_sequences_batches(stream, sequences, drop=extra)
         return stream
@@ -495,7 +495,7 @@ class Table:
 
     def verify_index(self, branch: str = MAIN, snapshot_id: int | None = None) -> dict:
         """Check the key index against the data (``ok`` is True when it is right)."""
-        return index.verify(self, branch, snapshot_id)
+        return verify_index(self, branch, snapshot_id)
 
     def _refuse_existing(self, ice: IcebergTable, head: Snapshot, key_table: pa.Table, removal: "Removal | None" = None) -> None:
         """Raise DuplicateKeyError for keys already live at ``head`` (after ``removal``, if any)."""
@@ -527,7 +527,7 @@ class Table:
         state = self._state(ice, snapshot)
         files = list(snapshot_files(ice, snapshot).values())
         layers = state.by_data_file([f.file_path for f in files]) if not state.empty else {}
-        small = int(ice.metadata.properties.get("featurelake.small-file-bytes", SMALL_FILE_BYTES))
+        small = int(ice.metadata.properties.get(SMALL_FILE_PROPERTY, SMALL_FILE_BYTES))
         data_bytes = sum(f.file_size_in_bytes for f in files)
         update_bytes = sum(e.bytes for es in layers.values() for e in es)
         return {

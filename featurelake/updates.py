@@ -37,7 +37,7 @@ from featurelake.errors import (
 )
 from featurelake.index import read_key_columns
 from featurelake.keys import ROW, check_keys, conform_keys, find
-from featurelake.merge import snapshot_files
+from featurelake.livefiles import snapshot_files
 from featurelake.read import POS_FIELD_ID
 from featurelake.schema import (
     LOCATOR_FILE,

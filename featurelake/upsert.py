@@ -27,7 +27,7 @@ from featurelake import index, refs
 from featurelake.commit import cleanup_on_failure, commit, delete_quietly, optimistic
 from featurelake.errors import SchemaMismatchError
 from featurelake.keys import ROW, check_keys, conform_keys, find
-from featurelake.merge import snapshot_files
+from featurelake.livefiles import snapshot_files
 from featurelake.rewrite import write_data_files
 from featurelake.schema import RESERVED_PREFIX, arrow_schema, check_column_names, conform, to_table
 from featurelake.state import STATE_KEY, StateWriter, summary_props
