@@ -34,13 +34,12 @@ from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
 from featurelake import refs
-from featurelake.commit import cleanup_on_failure, commit, delete_quietly, optimistic
+from featurelake.commit import cleanup_on_failure, delete_quietly, optimistic
 from featurelake.errors import InvalidArgumentError, SchemaMismatchError, SnapshotMovedError, UnknownKeyError
 from featurelake.index import encode, key_is_exact, read_key_columns
 from featurelake.keys import check_keys, conform_keys
 from featurelake.schema import RESERVED_PREFIX, arrow_schema, check_column_names, to_table
-from featurelake.state import STATE_KEY, StateWriter, summary_props
-from featurelake.updates import WRITE_THREADS, UpdateReport, _check_types, add_columns, fit_values, stage_update_files
+from featurelake.updates import WRITE_THREADS, UpdateReport, _check_types, commit_update_files, fit_values
 
 if TYPE_CHECKING:
     from featurelake.table import Table
@@ -135,24 +134,7 @@ def write_dense(
         if not groups:
             report.snapshot_id = head.snapshot_id
             return report
-        tx = ice.transaction()
-        add_columns(tx, fitted, new_columns)
-        writer = StateWriter(table._state(ice, head), ice.io, table._platform_dir(ice))
-        root_path = writer.new_root_path()
-        props = {STATE_KEY: root_path, "featurelake.operation": "backfill", "featurelake.columns": ",".join(columns)}
-        producer = tx.update_snapshot(snapshot_properties=props, branch=branch).fast_append()
-        files, total_bytes = stage_update_files(
-            table, ice, head, writer, producer.snapshot_id, fitted, columns, tx.table_metadata.schema(), written, groups
-        )
-        writer.write(root_path)
-        props.update(summary_props(ice.io, root_path))  # the producer reads its summary at commit
-        producer.commit()
-        report.snapshot_id = commit(tx, branch)
-        report.rows_updated = values.num_rows
-        report.data_files_touched = report.update_files = files
-        report.bytes_written = total_bytes
-        report.new_columns = new_columns
-        return report
+        return commit_update_files(table, ice, head, branch, fitted, fitted, columns, new_columns, written, report, groups)
 
     with cleanup_on_failure(table._ice, written, landed=lambda: report.snapshot_id is not None):
         return optimistic(table.refresh, attempt, f"add column to {table.name}@{branch}")

@@ -381,26 +381,46 @@ def apply_column_updates(
         if rows.num_rows == 0:
             report.snapshot_id = head.snapshot_id
             return report
-        tx = ice.transaction()
-        add_columns(tx, values, new_columns)
-        state = table._state(ice, head)
-        writer = StateWriter(state, ice.io, table._platform_dir(ice))
-        root_path = writer.new_root_path()
-        props = {STATE_KEY: root_path, "featurelake.operation": "backfill", "featurelake.columns": ",".join(columns)}
-        producer = tx.update_snapshot(snapshot_properties=props, branch=branch).fast_append()
-        files, total_bytes = stage_update_files(
-            table, ice, head, writer, producer.snapshot_id, rows, columns, tx.table_metadata.schema(), written, groups,
-            write_files,
+        return commit_update_files(
+            table, ice, head, branch, values, rows, columns, new_columns, written, report, groups, write_files
         )
-        writer.write(root_path)
-        props.update(summary_props(ice.io, root_path))  # the producer reads its summary at commit
-        producer.commit()
-        report.snapshot_id = commit(tx, branch)
-        report.rows_updated = rows.num_rows
-        report.data_files_touched = report.update_files = files
-        report.bytes_written = total_bytes
-        report.new_columns = new_columns
-        return report
 
     with cleanup_on_failure(table._ice, written, landed=lambda: report.snapshot_id is not None):
         return optimistic(table.refresh, attempt, f"backfill {table.name}@{branch}")
+
+
+def commit_update_files(
+    table: "Table",
+    ice: IcebergTable,
+    head: Snapshot,
+    branch: str,
+    values: pa.Table,
+    rows: pa.Table,
+    columns: list[str],
+    new_columns: list[str],
+    written: list[str],
+    report: "UpdateReport",
+    groups: list[tuple[str, pa.Table]] | None = None,
+    write_files: "UpdateFileWriter | None" = None,
+) -> "UpdateReport":
+    """One backfill commit on ``head``: new columns (typed from ``values``), the update files
+    of ``rows`` (or ``groups``), the next platform state, and the snapshot; fills ``report``."""
+    tx = ice.transaction()
+    add_columns(tx, values, new_columns)
+    writer = StateWriter(table._state(ice, head), ice.io, table._platform_dir(ice))
+    root_path = writer.new_root_path()
+    props = {STATE_KEY: root_path, "featurelake.operation": "backfill", "featurelake.columns": ",".join(columns)}
+    producer = tx.update_snapshot(snapshot_properties=props, branch=branch).fast_append()
+    files, total_bytes = stage_update_files(
+        table, ice, head, writer, producer.snapshot_id, rows, columns, tx.table_metadata.schema(), written, groups,
+        write_files,
+    )
+    writer.write(root_path)
+    props.update(summary_props(ice.io, root_path))  # the producer reads its summary at commit
+    producer.commit()
+    report.snapshot_id = commit(tx, branch)
+    report.rows_updated = rows.num_rows
+    report.data_files_touched = report.update_files = files
+    report.bytes_written = total_bytes
+    report.new_columns = new_columns
+    return report
