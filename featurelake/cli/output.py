@@ -246,3 +246,17 @@ def _bytes(v: Any) -> str:
             return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return str(v)  # pragma: no cover
+
+
+def _emit_rows_json(rows: list[dict], json_lines: bool, as_json: bool) -> bool:
+    """Print ``rows`` as JSON lines or one JSON document when asked; whether they were printed."""
+    if json_lines:
+        import typer
+
+        for row in rows:
+            typer.echo(json.dumps(_jsonable(row), ensure_ascii=False))
+        return True
+    if as_json:
+        _emit_json(rows)
+        return True
+    return False

@@ -7,14 +7,13 @@ The one correct way to query an un-compacted table with SQL from a shell
 """
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
 from rich.text import Text
 
 from featurelake.cli.core import MAIN, BranchOpt, JsonFlag, _opts, _wants_json, app
-from featurelake.cli.output import _emit_json, _jsonable, _out, _print_rows
+from featurelake.cli.output import _emit_rows_json, _out, _print_rows
 
 
 @app.command("sql")
@@ -33,12 +32,8 @@ def sql_cmd(
     """
     result = _opts(ctx).lake().sql(query, branch=branch)
     rows = result.to_pylist()
-    if json_lines:
-        for row in rows:
-            typer.echo(json.dumps(_jsonable(row), ensure_ascii=False))
+    if _emit_rows_json(rows, json_lines, _wants_json(ctx, json_flag)):
         return
-    if _wants_json(ctx, json_flag):
-        return _emit_json(rows)
     out = _out()
     _print_rows(out, rows, result.schema.names, title="Result")
     out.print(Text(f"{len(rows)} row(s)", style="dim"))

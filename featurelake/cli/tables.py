@@ -27,6 +27,7 @@ from featurelake.cli.output import (
     _bytes,
     _count,
     _emit_json,
+    _emit_rows_json,
     _err,
     _jsonable,
     _out,
@@ -204,12 +205,8 @@ def read_cmd(
         kwargs["max_bad_file_ratio"] = max_bad_file_ratio
     data, more = _first_rows_reported(t, limit, kwargs)
     rows = data.to_pylist()
-    if json_lines:
-        for row in rows:
-            typer.echo(json.dumps(_jsonable(row), ensure_ascii=False))
+    if _emit_rows_json(rows, json_lines, _wants_json(ctx, json_flag)):
         return
-    if _wants_json(ctx, json_flag):
-        return _emit_json(rows)
     where = f"{table}@{branch}" if snapshot is None else f"{table}@snapshot {snapshot}"
     out = _out()
     _print_rows(out, rows, data.schema.names, title=where)
