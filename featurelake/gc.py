@@ -31,6 +31,7 @@ from featurelake import refs
 from featurelake.commit import optimistic
 from featurelake.errors import GarbageCollectionError
 from featurelake.placement import PROJECTIONS_DIR
+from featurelake.seqbuildinfo import PROP_KEY, list_builds, live_builds, store_root
 from featurelake.state import STATE_KEY, state_of
 from featurelake.storage import PLATFORM_DIR, Storage, StoredFile, is_under, storage_of
 
@@ -186,18 +187,16 @@ def _old(f: StoredFile, cutoff: float) -> bool:
 
 def _live_store_builds(table: "Table", ice: IcebergTable, storage: Storage, location: str) -> tuple[str, set[str]] | None:
     """(canonical store root, live build folders) when the table's sequence store lies under its location."""
-    from featurelake.sequences import PROP_KEY, SequenceTable
-
     if PROP_KEY not in ice.metadata.properties:
         return None
-    st = SequenceTable(table.lake, table.name, ice)
     try:
-        root = storage.canonical(str(st.store_root))
+        root_dir = store_root(table.lake.cache_dir, table.name, ice)
+        root = storage.canonical(str(root_dir))
     except Exception:  # noqa: BLE001 - no local store configured: nothing of it is in the lake
         return None
     if not is_under(root, location):
         return None
-    return root, {storage.canonical(b.path) for b in st.live_builds(ice)}
+    return root, {storage.canonical(b.path) for b in live_builds(ice.metadata, list_builds(root_dir))}
 
 
 def _table_plan(table: "Table", ice: IcebergTable, nested: list[str], cutoff: float) -> _Plan:
@@ -365,10 +364,8 @@ def purge_files(lake: "Lake", name: str, ice: IcebergTable) -> int:
     if any(is_under(location, loc) for loc in others):
         return 0  # another table's folder holds this one: garbage collection decides file by file
     folders = [ice.location()]
-    if lake.cache_dir is not None and ice.metadata.properties.get("featurelake.sequence.key"):
-        from featurelake.sequences import SequenceTable
-
-        folders.append(str(SequenceTable(lake, name, ice).store_root))
+    if lake.cache_dir is not None and ice.metadata.properties.get(PROP_KEY):
+        folders.append(str(store_root(lake.cache_dir, name, ice)))
     deleted = 0
     for folder in folders:
         for f in storage.list(folder):

@@ -61,15 +61,6 @@ if TYPE_CHECKING:
 DEFAULT_CHUNK_EVENTS = 128
 BUCKET_ROWS = 4_000_000      # events sorted in memory at once during a build; more spill to disk by key range
 MAX_LAYERS = 8               # incremental layers on one store before a build starts over
-def _load_build(path: Path) -> BuildInfo:
-    import json
-
-    raw = json.loads((path / "build.json").read_text())
-    raw["path"] = str(path)
-    known = {f.name for f in dataclasses.fields(BuildInfo)}
-    return BuildInfo(**{k: v for k, v in raw.items() if k in known})
-
-
 def _layout_key(layout: _Layout, backend: StoreBackend) -> tuple:
     return (layout.key, layout.time, str(layout.key_type), str(layout.time_type), layout.chunk_events,
             [list(g) for g in layout.groups], [_schema_b64(s) for s in layout.group_schemas], backend.describe(),

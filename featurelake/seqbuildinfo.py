@@ -1,22 +1,35 @@
 """Sequence store build records: what one build of a sequence table's store reflects and holds.
 
-Shared by the builder (``seqbuild``) and the reader (``seqlookup``), so neither imports the other's back.
+Also where a table's builds live and which of them a retained snapshot is served from, as plain
+functions of the table's name, Iceberg table and the lake's cache folder. Shared by the builder
+(``seqbuild``), the reader (``seqlookup``), :class:`~featurelake.sequences.SequenceTable` and
+garbage collection (``gc``), so none of them imports another's back.
 """
 from __future__ import annotations
 
 import base64
 import dataclasses
+import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from featurelake import refs
 from featurelake.errors import FeatureLakeError
 from featurelake.seqstore import codec_from_dict
+from featurelake.storage import storage_of
 
 BUILD_FORMAT = 1
 DEFAULT_THREADS = 4
+
+PROP_KEY = "featurelake.sequence.key"
+PROP_TIME = "featurelake.sequence.time"
+PROP_EVENT_ID = "featurelake.sequence.event-id"
+PROP_SYNTHETIC = "featurelake.sequence.event-id-synthetic"
+STORE_DIR = "sequence-store"  # under the table's folder when the lake has no home
 
 
 class SequenceBuildError(FeatureLakeError):
@@ -85,3 +98,90 @@ class BuildInfo:
         schemas = self.schemas()
         raw = self.group_codecs or [{"kind": "ipc"}] * len(schemas)
         return [codec_from_dict(d, s, self.chunk_events) for d, s in zip(raw, schemas)]
+
+
+def load_build(path: Path) -> BuildInfo:
+    """The build recorded in ``<path>/build.json``."""
+    raw = json.loads((path / "build.json").read_text())
+    raw["path"] = str(path)
+    known = {f.name for f in dataclasses.fields(BuildInfo)}
+    return BuildInfo(**{k: v for k, v in raw.items() if k in known})
+
+
+def store_root(cache_dir: str | Path | None, name: str, ice: Any) -> Path:
+    """Where the store builds of table ``name`` (Iceberg table ``ice``) live (RocksDB needs a local disk).
+
+    ``<cache_dir>/sequences/<table>``: the embedded lake's home, or the
+    cache folder of a lake on a catalog (``Lake(..., cache_dir=...)`` or
+    ``$FEATURELAKE_CACHE_DIR``). Without one: ``$FEATURELAKE_SEQUENCE_HOME/<table>``,
+    or next to the table when its location is a local folder.
+    """
+    if cache_dir is not None:
+        return Path(cache_dir) / "sequences" / name
+    env = os.environ.get("FEATURELAKE_SEQUENCE_HOME")
+    if env:
+        return Path(env) / name
+    loc = ice.location()
+    local = storage_of(ice.io).local_path(loc)
+    if local is not None:  # garbage collection keeps its live builds (see live_builds)
+        return Path(local) / STORE_DIR
+    raise SequenceBuildError(
+        f"{name} lives at {loc}: its sequence store needs a local folder: "
+        "set FEATURELAKE_CACHE_DIR or open the lake with cache_dir=..."
+    )
+
+
+def list_builds(root: Path) -> list[BuildInfo]:
+    """Every finished build under the store root ``root``, oldest first."""
+    if not root.exists():
+        return []
+    out = []
+    for d in sorted(root.iterdir()):
+        if d.is_dir() and not d.name.startswith(".") and (d / "build.json").exists():
+            try:
+                out.append(load_build(d))
+            except (OSError, ValueError, TypeError):
+                continue  # a damaged record: ignored, like an unfinished build
+    return sorted(out, key=lambda b: (b.created_at, b.build_id))
+
+
+_CONTENT_PRESERVING = {"compact", "index rebuild"}
+
+
+def _keeps_events(snapshot: Any) -> bool:
+    """Whether a snapshot only rewrote files (compaction, index rebuild, Iceberg 'replace')."""
+    summary = snapshot.summary
+    if summary is None:
+        return False
+    if summary.get("featurelake.operation") in _CONTENT_PRESERVING:
+        return True
+    return summary.operation.value == "replace"
+
+
+def build_serving(meta: Any, snap: Any, all_builds: list[BuildInfo]) -> BuildInfo | None:
+    """The newest build of ``snap``, or of the ancestor it shares its events with."""
+    # A compaction or an index rebuild changes files, not events: a build of the snapshot
+    # before it still serves (so maintenance never takes the store away from training reads).
+    for candidate in refs.ancestors(meta, snap):
+        matching = [b for b in all_builds if b.snapshot_id == candidate.snapshot_id]
+        if matching:
+            return matching[-1]
+        if not _keeps_events(candidate):
+            break
+    return None
+
+
+def live_builds(meta: Any, all_builds: list[BuildInfo]) -> list[BuildInfo]:
+    """The builds a snapshot retained in ``meta`` may be served from; garbage collection keeps these.
+
+    That is every build of a snapshot still in the table's metadata, and the
+    build each retained snapshot resolves to (see :func:`build_serving`). Builds of
+    expired snapshots that no retained one needs are dead.
+    """
+    retained = {s.snapshot_id for s in meta.snapshots}
+    live = {b.build_id: b for b in all_builds if b.snapshot_id in retained}
+    for snap in meta.snapshots:
+        found = build_serving(meta, snap, all_builds)
+        if found is not None:
+            live[found.build_id] = found
+    return sorted(live.values(), key=lambda b: (b.created_at, b.build_id))

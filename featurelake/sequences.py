@@ -41,8 +41,10 @@ The code is split by concept; this module is the public face and imports
   opening, and the read-time join (:class:`SequenceView`,
   :func:`join_sequences`, :func:`join_sequences_batches`) that
   :mod:`featurelake.table` calls.
-* :mod:`featurelake.seqbuild` -- build records (:class:`BuildInfo`) and the
-  offline build, full and incremental (``SequenceTable.build``).
+* :mod:`featurelake.seqbuild` -- the offline build, full and incremental
+  (``SequenceTable.build``).
+* :mod:`featurelake.seqbuildinfo` -- build records (:class:`BuildInfo`), where
+  a table's builds live and which ones are live (also used by garbage collection).
 * :mod:`featurelake.seqlayout` -- column groups, codec planning and the
   per-user head and chunk records a build writes.
 * :mod:`featurelake.seqlookup` -- :class:`SequenceStore`: one build opened
@@ -52,7 +54,6 @@ The code is split by concept; this module is the public face and imports
 """
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
@@ -76,8 +77,18 @@ from featurelake.seqbuild import (
     MAX_LAYERS,
     BuildInfo,
     SequenceBuildError,
-    _load_build,
     build_store,
+)
+from featurelake.seqbuildinfo import (  # noqa: F401  (public here as before)
+    PROP_EVENT_ID,
+    PROP_KEY,
+    PROP_SYNTHETIC,
+    PROP_TIME,
+    STORE_DIR,
+    build_serving,
+    list_builds,
+    live_builds,
+    store_root,
 )
 from featurelake.seqjoin import (  # noqa: F401  (public here as before)
     JOIN_SLICE_ROWS,
@@ -88,7 +99,6 @@ from featurelake.seqjoin import (  # noqa: F401  (public here as before)
 )
 from featurelake.seqlookup import DEFAULT_BATCH_KEYS, SequenceStore, _as_array
 from featurelake.seqstore import READERS, KeyCodec
-from featurelake.storage import storage_of
 from featurelake.table import MAIN, Table, _chunks
 
 if TYPE_CHECKING:
@@ -119,12 +129,7 @@ __all__ = [
     "open_sequence_table",
 ]
 
-PROP_KEY = "featurelake.sequence.key"
-PROP_TIME = "featurelake.sequence.time"
-PROP_EVENT_ID = "featurelake.sequence.event-id"
-PROP_SYNTHETIC = "featurelake.sequence.event-id-synthetic"
 DEFAULT_EVENT_ID = "event_id"
-STORE_DIR = "sequence-store"  # under the table's folder when the lake has no home
 
 
 # ================================================================= creation
@@ -191,32 +196,6 @@ def open_sequence_table(lake: "Lake", name: str) -> "SequenceTable":
 
 
 # ============================================================ the table
-_CONTENT_PRESERVING = {"compact", "index rebuild"}
-
-
-def _keeps_events(snapshot) -> bool:
-    """Whether a snapshot only rewrote files (compaction, index rebuild, Iceberg 'replace')."""
-    summary = snapshot.summary
-    if summary is None:
-        return False
-    if summary.get("featurelake.operation") in _CONTENT_PRESERVING:
-        return True
-    return summary.operation.value == "replace"
-
-
-def _build_serving(meta, snap, all_builds: list[BuildInfo]) -> BuildInfo | None:
-    """The newest build of ``snap``, or of the ancestor it shares its events with."""
-    # A compaction or an index rebuild changes files, not events: a build of the snapshot
-    # before it still serves (so maintenance never takes the store away from training reads).
-    for candidate in refs.ancestors(meta, snap):
-        matching = [b for b in all_builds if b.snapshot_id == candidate.snapshot_id]
-        if matching:
-            return matching[-1]
-        if not _keeps_events(candidate):
-            break
-    return None
-
-
 class SequenceTable(Table):
     """An event table plus its serving store (see the module docstring)."""
 
@@ -246,26 +225,8 @@ class SequenceTable(Table):
 
     @property
     def store_root(self) -> Path:
-        """Where this table's store builds live (RocksDB needs a local disk).
-
-        ``<lake.cache_dir>/sequences/<table>``: the embedded lake's home, or the
-        cache folder of a lake on a catalog (``Lake(..., cache_dir=...)`` or
-        ``$FEATURELAKE_CACHE_DIR``). Without one: ``$FEATURELAKE_SEQUENCE_HOME/<table>``,
-        or next to the table when its location is a local folder.
-        """
-        if self.lake.cache_dir is not None:
-            return Path(self.lake.cache_dir) / "sequences" / self.name
-        env = os.environ.get("FEATURELAKE_SEQUENCE_HOME")
-        if env:
-            return Path(env) / self.name
-        loc = self._ice.location()
-        local = storage_of(self._ice.io).local_path(loc)
-        if local is not None:  # garbage collection keeps its live builds (see live_builds)
-            return Path(local) / STORE_DIR
-        raise SequenceBuildError(
-            f"{self.name} lives at {loc}: its sequence store needs a local folder: "
-            "set FEATURELAKE_CACHE_DIR or open the lake with cache_dir=..."
-        )
+        """Where this table's store builds live (see :func:`featurelake.seqbuildinfo.store_root`)."""
+        return store_root(self.lake.cache_dir, self.name, self._ice)
 
     # -------------------------------------------------------------- writing
     def append(self, data: Any, branch: str = MAIN) -> int | None:
@@ -327,17 +288,7 @@ class SequenceTable(Table):
     # --------------------------------------------------------------- builds
     def builds(self) -> list[BuildInfo]:
         """Every finished build of this table, oldest first."""
-        root = self.store_root
-        if not root.exists():
-            return []
-        out = []
-        for d in sorted(root.iterdir()):
-            if d.is_dir() and not d.name.startswith(".") and (d / "build.json").exists():
-                try:
-                    out.append(_load_build(d))
-                except (OSError, ValueError, TypeError):
-                    continue  # a damaged record: ignored, like an unfinished build
-        return sorted(out, key=lambda b: (b.created_at, b.build_id))
+        return list_builds(self.store_root)
 
     def build_for(self, branch: str = MAIN, snapshot_id: int | None = None, build: str | None = None) -> BuildInfo:
         """The build a reader of ``branch`` (or ``snapshot_id``) must use; a clear error when none matches."""
@@ -351,7 +302,7 @@ class SequenceTable(Table):
         snap = refs.resolve(ice.metadata, branch, snapshot_id)
         if snap is None:
             raise SequenceBuildError(f"{self.name}@{branch} has no events yet: append events and build first")
-        found = _build_serving(ice.metadata, snap, all_builds)
+        found = build_serving(ice.metadata, snap, all_builds)
         if found is not None:
             return found
         where = f"snapshot {snapshot_id}" if snapshot_id is not None else f"{branch} (snapshot {snap.snapshot_id})"
@@ -368,15 +319,7 @@ class SequenceTable(Table):
         build each retained snapshot resolves to (see ``build_for``). Builds of
         expired snapshots that no retained one needs are dead.
         """
-        meta = (ice or self.refresh()).metadata
-        all_builds = self.builds()
-        retained = {s.snapshot_id for s in meta.snapshots}
-        live = {b.build_id: b for b in all_builds if b.snapshot_id in retained}
-        for snap in meta.snapshots:
-            found = _build_serving(meta, snap, all_builds)
-            if found is not None:
-                live[found.build_id] = found
-        return sorted(live.values(), key=lambda b: (b.created_at, b.build_id))
+        return live_builds((ice or self.refresh()).metadata, self.builds())
 
     def drop_build(self, build_id: str) -> None:
         """Delete one build (later builds keep their own links to shared files)."""
