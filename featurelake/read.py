@@ -308,7 +308,7 @@ class Scan:
         On an object store the update files are fetched in parallel (each read waits on latency).
         """
         wanted = [e for e in entries if any(i in self.read_ids for i in e.field_ids)]
-        if len(wanted) > 1 and not self._local:
+        if len(wanted) > 1 and not storage_of(self.io).is_local(wanted[0].update_file):
             with ThreadPoolExecutor(max_workers=min(len(wanted), REMOTE_THREADS)) as pool:
                 layers = list(pool.map(self._load_layer, wanted))
         else:
@@ -333,6 +333,7 @@ class Scan:
 
     @property
     def _local(self) -> bool:
+        """Whether the table lives on a local disk (planning side: needs the table)."""
         return storage_of(self.io).is_local(self.ice.location())
 
     def layers_for(self, path: str) -> list[tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]]:
