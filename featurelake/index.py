@@ -341,8 +341,12 @@ def lookup(io: FileIO, segments: Sequence[dict], probe: np.ndarray, live: set[st
             continue
         remap = np.cumsum(live_mask) - 1 + len(names)
         used = False
-        for entries in opened.read(opened.buckets_for(keys)):
-            idx, hit_rows = _hits(entries, keys, probe_order, seg.exact)
+        buckets = opened.buckets_for(keys)
+        # each bucket is probed only with the keys inside its key range (keys are sorted)
+        firsts = np.searchsorted(keys, opened.lo[buckets], side="left")
+        lasts = np.searchsorted(keys, opened.hi[buckets], side="right")
+        for entries, first, last in zip(opened.read(buckets), firsts, lasts):
+            idx, hit_rows = _hits(entries, keys[first:last], probe_order[first:last], seg.exact)
             if not len(idx):
                 continue
             seg_files = entries.f[idx]
