@@ -66,7 +66,9 @@ if TYPE_CHECKING:
 MERGE_AT = 24  # merge segments once a snapshot references this many
 BUCKET_ROWS = 32_768  # entries per row group: a probe reads whole buckets, the footer keeps one range per bucket
 _FOOTERS = _LRU(256)  # path -> _Segment (footer, bucket ranges, open file)
-_BUCKETS = _LRU(1024)  # (path, bucket) -> _Entries
+# (path, bucket) -> _Entries, ~0.65 MB each: the default holds the index of ~130M keys, so steady
+# upserts into a large table do not re-read (and re-decode) every bucket they touch.
+_BUCKETS = _LRU(int(os.environ.get("FEATURELAKE_INDEX_CACHE_BUCKETS", "4096")))
 
 
 def is_exact(key_types: Sequence[pa.DataType]) -> bool:
