@@ -10,13 +10,12 @@ opened.
 
 Pruning may only use statistics that no update can have made stale
 (invariant 4): predicates on columns that have ever been updated are relaxed
-to ``true`` before planning and checked on merged values afterwards.
+to ``true`` before planning (featurelake.filters) and checked on merged values afterwards.
 """
 from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -28,17 +27,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from pyiceberg.expressions import (
-    AlwaysFalse,
-    AlwaysTrue,
-    And,
-    BooleanExpression,
-    BoundPredicate,
-    Not,
-    Or,
-)
-from pyiceberg.expressions.parser import parse as parse_expression
-from pyiceberg.expressions.visitors import bind, rewrite_not, translate_column_names
+from pyiceberg.expressions import AlwaysFalse, AlwaysTrue, BooleanExpression
+from pyiceberg.expressions.visitors import rewrite_not, translate_column_names
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import _to_requested_schema, expression_to_pyarrow, pyarrow_to_schema
 from pyiceberg.schema import Schema, prune_columns
@@ -46,7 +36,8 @@ from pyiceberg.table import FileScanTask
 from pyiceberg.table.snapshots import Snapshot
 
 from featurelake.columns import is_hidden, original_name
-from featurelake.errors import CorruptFileError, FeatureLakeError, InvalidArgumentError, SchemaMismatchError
+from featurelake.errors import CorruptFileError, FeatureLakeError, SchemaMismatchError
+from featurelake.filters import bind_filter, referenced_ids, relax_stale
 from featurelake.guard import manifest_errors
 from featurelake.schema import LOCATOR_FILE, LOCATOR_POS, arrow_schema
 from featurelake.state import PlatformState, UpdateEntry
@@ -71,81 +62,6 @@ _REMOTE_FORMAT = ds.ParquetFileFormat(
         pre_buffer=True, cache_options=pa.CacheOptions(hole_size_limit=8 << 20, range_size_limit=128 << 20, lazy=False)
     )
 )
-
-
-FILTER_SYNTAX = (
-    "a filter is conditions 'column <comparison> value' (comparisons =, !=, <, <=, >, >=, in (...), "
-    "not in (...), is null, is not null, like 'prefix%'; strings in single quotes), joined by and, or, not"
-)
-
-
-def parse_filter(filter: str | BooleanExpression | None) -> BooleanExpression:
-    if filter is None:
-        return AlwaysTrue()
-    if isinstance(filter, BooleanExpression):
-        return filter
-    try:
-        return parse_expression(filter)
-    except Exception as e:  # the parser raises pyparsing's exceptions: say it in words, with the position
-        raise InvalidArgumentError(_filter_error(filter, getattr(e, "loc", 0) or 0)) from None
-
-
-def _filter_error(text: str, loc: int) -> str:
-    """Where a filter stops parsing, in words (positions count from 1)."""
-    if not text.strip():
-        return f"the filter is empty; {FILTER_SYNTAX}"
-    # the parser often backtracks to the start: find the first condition that does not parse on its own
-    start = 0
-    for m in re.finditer(r"\s+(?:and|or)\s+|$", text, re.IGNORECASE):
-        part = text[start:m.start()]
-        try:
-            parse_expression(part.strip())
-        except Exception:  # noqa: BLE001 - pyparsing's exceptions
-            first = start + len(part) - len(part.lstrip())
-            if first < loc < len(text):
-                near = text[loc:].split()[0]
-                return f"cannot parse filter {text!r}: unexpected {near!r} at position {loc + 1}; {FILTER_SYNTAX}"
-            return (
-                f"cannot parse filter {text!r}: condition {part.strip()!r} at position {first + 1} is not valid; "
-                + FILTER_SYNTAX
-            )
-        start = m.end()
-    if 0 < loc < len(text):
-        return f"cannot parse filter {text!r}: unexpected {text[loc:].split()[0]!r} at position {loc + 1}; {FILTER_SYNTAX}"
-    return f"cannot parse filter {text!r}; {FILTER_SYNTAX}"
-
-
-def bind_filter(schema: Schema, filter: str | BooleanExpression | None) -> BooleanExpression:
-    expr = parse_filter(filter)
-    try:
-        return bind(schema, expr, case_sensitive=True)
-    except ValueError as e:
-        raise SchemaMismatchError(f"filter {filter!r} does not fit the table: {e}") from e
-
-
-def _relax(expr: BooleanExpression, stale_ids: frozenset[int]) -> BooleanExpression:
-    """Replace predicates on columns whose statistics may be stale by ``true``.
-
-    Valid because ``expr`` has no NOT (rewritten away first): the result is
-    implied by the original, so it only prunes files the original prunes.
-    """
-    if isinstance(expr, And):
-        return And(_relax(expr.left, stale_ids), _relax(expr.right, stale_ids))
-    if isinstance(expr, Or):
-        return Or(_relax(expr.left, stale_ids), _relax(expr.right, stale_ids))
-    if isinstance(expr, BoundPredicate):
-        return AlwaysTrue() if expr.term.ref().field.field_id in stale_ids else expr
-    return expr
-
-
-def _referenced_ids(expr: BooleanExpression) -> set[int]:
-    if isinstance(expr, (And, Or)):
-        return _referenced_ids(expr.left) | _referenced_ids(expr.right)
-    if isinstance(expr, Not):
-        return _referenced_ids(expr.child)
-    if isinstance(expr, BoundPredicate):
-        return {expr.term.ref().field.field_id}
-    return set()
 
 
 @dataclass
@@ -202,7 +118,7 @@ class Scan:
             raise SchemaMismatchError(f"unknown column(s) {missing}{hint}; table has {visible}", missing)
         self.columns = names
         self.bound_filter = bind_filter(schema, filter)
-        filter_ids = _referenced_ids(self.bound_filter)
+        filter_ids = referenced_ids(self.bound_filter)
         filter_names = [schema.find_column_name(i) for i in filter_ids]
         needed = list(dict.fromkeys(names + [n for n in filter_names if n not in names]))
         self.read_schema = schema.select(*needed) if needed else Schema()
@@ -226,7 +142,7 @@ class Scan:
         if self.snapshot is None or self.bound_filter == AlwaysFalse():
             self._tasks = []
             return self._tasks
-        relaxed = _relax(rewrite_not(self.bound_filter), self.state.updated_field_ids)
+        relaxed = relax_stale(rewrite_not(self.bound_filter), self.state.updated_field_ids)
         current = self.ice.metadata.schema()
         with manifest_errors(self.ice.io, self.snapshot):
             try:

@@ -29,7 +29,8 @@ from featurelake.keys import check_keys, find, found_keys, verify_index
 from featurelake.livefiles import remember_files, snapshot_files
 from featurelake.datafiles import index_keys, schema_facts
 from featurelake.rewrite import Removal, plan_removal, write_files
-from featurelake.read import DEFAULT_BATCH, Scan, parse_filter
+from featurelake.filters import parse_filter
+from featurelake.read import DEFAULT_BATCH, Scan
 from featurelake.schema import arrow_schema, conform, is_arrow_stream, to_table
 from featurelake.schema import LOCATOR_FILE
 from featurelake.state import STATE_KEY, PlatformState, StateWriter, state_of, summary_props
