@@ -197,12 +197,14 @@ class SeaweedServer:
     def _bucket_ready(self) -> bool:
         """The table bucket is created after the servers answer: wait until the catalog knows it."""
         from pyiceberg.catalog.rest import RestCatalog
-        from pyiceberg.exceptions import NoSuchNamespaceError
+        from pyiceberg.exceptions import NoSuchNamespaceError, ServerError
 
         try:
             catalog = RestCatalog("probe", uri=self.catalog_uri, warehouse=self.warehouse, **self.catalog_properties())
             catalog.list_namespaces()
-        except (NoSuchNamespaceError, OSError):
+        # ServerError: right after start the bucket can exist before its table-bucket attributes do
+        # ("attribute not found: s3tables.metadata"); it is a moment, not a failure
+        except (NoSuchNamespaceError, ServerError, OSError):
             return False
         return True
 
