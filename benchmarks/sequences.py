@@ -81,7 +81,7 @@ def training_rows(users: int, seed: int) -> pa.Table:
 
 def whole_history_store(st, path: str):
     """Baseline: one value per user holding the whole history (all columns), as Arrow IPC."""
-    from featurelake.seqstore import KeyCodec, RocksDBBackend
+    from featurelake.sequences.store import KeyCodec, RocksDBBackend
 
     events = st.read(columns=["user_id", "ts", "item_id", "event_type", "dwell", "tags"]).sort_by([("user_id", "ascending"), ("ts", "ascending")])
     events = events.combine_chunks()

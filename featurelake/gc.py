@@ -31,7 +31,7 @@ from featurelake import refs
 from featurelake.commit import optimistic
 from featurelake.errors import GarbageCollectionError
 from featurelake.placement import PROJECTIONS_DIR
-from featurelake.seqbuildinfo import PROP_KEY, list_builds, live_builds, store_root
+from featurelake.sequences.buildinfo import PROP_KEY, list_builds, live_builds, store_root
 from featurelake.state import STATE_KEY, state_of
 from featurelake.storage import PLATFORM_DIR, Storage, StoredFile, is_under, storage_of
 

@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from pyiceberg.table import FileScanTask
 
     from featurelake.maintenance import BinRewrite, CompactionReport
-    from featurelake.seqbuild import BuildInfo
+    from featurelake.sequences.build import BuildInfo
     from featurelake.sequences import SequenceTable
     from featurelake.table import Table
     from featurelake.updates import UpdateFileJob, UpdateReport
@@ -295,7 +295,7 @@ class _ShippedView:
 
     def open(self) -> Any:
         from featurelake.sequences import SequenceView
-        from featurelake.seqlookup import SequenceStore
+        from featurelake.sequences.lookup import SequenceStore
 
         key = (self.info.path, repr(self.args))
         if key not in _VIEWS:
@@ -326,7 +326,7 @@ def read_ray(
         columns, extra = columns_for_join(columns, sequences)
     scan = table.scan(columns, filter, branch, snapshot_id)
     if sequences:
-        from featurelake.sequences import _check_views
+        from featurelake.sequences.join import _check_views
 
         _check_views(sequences, scan.columns)
     return ray.data.read_datasource(FeatureLakeDatasource(scan, sequences, extra), **read_args)
@@ -462,9 +462,9 @@ def compact(table: "Table", branch: str = refs.MAIN, *, retries: int = DEFAULT_R
 @ray.remote
 def _profile(shipped: _ShippedScan, units: list, key: str, key_type: pa.DataType, dict_cols: list[str]) -> tuple[list, dict]:
     """A key sample and the distinct values of the dictionary columns of some event files."""
-    from featurelake.seqbuild import key_sample
-    from featurelake.seqlayout import _uniques
-    from featurelake.seqstore import KeyCodec
+    from featurelake.sequences.build import key_sample
+    from featurelake.sequences.layout import _uniques
+    from featurelake.sequences.store import KeyCodec
 
     codec, scan = KeyCodec.for_type(key_type), shipped.open()
     sample: list = []
@@ -479,7 +479,7 @@ def _profile(shipped: _ShippedScan, units: list, key: str, key_type: pa.DataType
 
 def _partition(shipped: _ShippedScan, units: list, key: str, key_type: pa.DataType, bounds: np.ndarray, buckets: int) -> Any:
     """The rows of some event files split into ``buckets`` key ranges (one returned table per range)."""
-    from featurelake.seqstore import KeyCodec
+    from featurelake.sequences.store import KeyCodec
 
     codec, scan = KeyCodec.for_type(key_type), shipped.open()
     parts: list[list[pa.RecordBatch]] = [[] for _ in range(buckets)]
@@ -497,8 +497,8 @@ def _partition(shipped: _ShippedScan, units: list, key: str, key_type: pa.DataTy
 @ray.remote
 def _encode_bucket(layout: Any, codecs: list, backend: Any, path: str, *parts: pa.Table) -> tuple[bool, dict]:
     """Sort one key range of events by (key, time) and write it as one sorted file."""
-    from featurelake.seqlayout import _dropped, _encode_sorted, _sort_events
-    from featurelake.seqstore import KeyCodec
+    from featurelake.sequences.layout import _dropped, _encode_sorted, _sort_events
+    from featurelake.sequences.store import KeyCodec
 
     if os.path.exists(path):  # left by a killed earlier run of this task; nothing references it
         os.remove(path)
@@ -517,9 +517,9 @@ class _SequenceBuilder:
         self.used = 0
 
     def __call__(self, st: "SequenceTable", ice: IcebergTable, snap: Any, layout: Any, backend: Any, tmp: Any, bucket_rows: int):
-        from featurelake.seqbuild import _full_build, bounds_from_sample
-        from featurelake.seqlayout import _as_lists
-        from featurelake.seqstore import DICT_MAX
+        from featurelake.sequences.build import _full_build, bounds_from_sample
+        from featurelake.sequences.layout import _as_lists
+        from featurelake.sequences.store import DICT_MAX
 
         scan = st.scan(layout.scan_columns, snapshot_id=snap.snapshot_id, ice=ice)
         units = scan.tasks()
@@ -574,7 +574,7 @@ def build_sequences(
     ``SequenceTable.build``; ``info.tasks`` counts the tasks (0: none ran).
     The build folder must be on a filesystem the workers share.
     """
-    from featurelake.seqbuild import build_store
+    from featurelake.sequences.build import build_store
 
     connect()
     builder = _SequenceBuilder(tasks, retries)

@@ -150,14 +150,14 @@ class Table:
         """Read a branch, tag or snapshot with update files merged in."""
         extra: list[str] = []
         if sequences:  # the joins need their key and time columns: read them, drop them after
-            from featurelake.seqjoin import columns_for_join
+            from featurelake.sequences.join import columns_for_join
 
             columns, extra = columns_for_join(columns, sequences)
         scan = self.scan(columns, filter, branch, snapshot_id, with_locator, max_bad_file_ratio)
         result = scan.to_table()
         self.last_read_report = scan.report
         if sequences:
-            from featurelake.seqjoin import join_sequences
+            from featurelake.sequences.join import join_sequences
 
             result = join_sequences(result, sequences, drop=extra)
         return result
@@ -209,14 +209,14 @@ class Table:
         """Stream record batches with bounded memory (files are read one or two ahead)."""
         extra: list[str] = []
         if sequences:  # the joins need their key and time columns: read them, drop them after
-            from featurelake.seqjoin import columns_for_join
+            from featurelake.sequences.join import columns_for_join
 
             columns, extra = columns_for_join(columns, sequences)
         scan = self.scan(columns, filter, branch, snapshot_id, with_locator, max_bad_file_ratio, batch_size)
         self.last_read_report = scan.report
         stream = scan.to_batches(shuffle=shuffle, seed=seed, sample=sample)
         if sequences:
-            from featurelake.seqjoin import join_sequences_batches
+            from featurelake.sequences.join import join_sequences_batches
 
             return join_sequences_batches(stream, sequences, drop=extra)
         return stream

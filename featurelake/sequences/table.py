@@ -1,57 +1,4 @@
-"""Normalized user sequences (Meta's Sequence Storage): store long histories once, join them at read time.
-
-Why: a training row that carries its user's last 256 events copies the same
-events into every row of that user; with tens of rows per user the copies
-dwarf everything else. Meta keeps a pointer (user id + event time) in the
-training row and the user's events once, in a key-value store built offline,
-and joins them back in the reader. featurelake does the same:
-
-* **Sequence table** (:class:`SequenceTable`): an ordinary featurelake table
-  of events, one row per event, any attribute types. It is the source of
-  truth: append, branch and time-travel it like any table. Rows are sorted by
-  (user, time) before they are written, so each data file keeps a user's
-  events together (better compression; the table's Iceberg sort order says so).
-* **Store build** (``st.build()``): the current snapshot becomes a key-value
-  store (:mod:`featurelake.seqstore`): each user's events sorted by time, cut
-  into fixed-size chunks (oldest first, ``chunk_events`` per chunk), one value
-  per (user, chunk, column group), plus a small per-user head (event count,
-  first event time of every chunk). Groups of fixed-width and low-cardinality
-  string columns are stored as fixed-size raw chunks (a batch decodes with
-  numpy views, no per-chunk work); others (lists, structs, free text) as Arrow
-  IPC messages. Written offline into sorted files and bulk-loaded; no
-  per-row puts, no compaction. Each build records the snapshot it reflects
-  (``<store root>/<build id>/build.json``); an incremental build re-encodes
-  only users with new events, from their first affected chunk on, and
-  hard-links every other byte from the build it extends.
-* **Lookup and join**: ``st.lookup(keys, before, columns, max_len, window)``
-  reads the heads of the unique users, picks only the chunks that can hold
-  the last ``max_len`` events before ``before`` (inside ``window``), fetches
-  them with batched multi-gets in parallel threads, and cuts each row's list
-  out of one pool with a single ``take`` per column. ``st.view(...)`` plugs the
-  same into ``Table.read/batches(sequences={"hist": view})``.
-
-Strictly-before semantics: a row never sees an event at or after its own
-time, so labels cannot leak from the future.
-
-The code is split by concept; this module is the public face and imports
-(and re-exports) the rest:
-
-* :mod:`featurelake.sequences` -- :class:`SequenceTable` (identity, appends
-  with ordered event ids, build records, lookup, ``view``), creation and
-  opening, and the read-time join (:class:`SequenceView`,
-  :func:`join_sequences`, :func:`join_sequences_batches`) that
-  :mod:`featurelake.table` calls.
-* :mod:`featurelake.seqbuild` -- the offline build, full and incremental
-  (``SequenceTable.build``).
-* :mod:`featurelake.seqbuildinfo` -- build records (:class:`BuildInfo`), where
-  a table's builds live and which ones are live (also used by garbage collection).
-* :mod:`featurelake.seqlayout` -- column groups, codec planning and the
-  per-user head and chunk records a build writes.
-* :mod:`featurelake.seqlookup` -- :class:`SequenceStore`: one build opened
-  for serving, and the conversion of keys, times and windows.
-* :mod:`featurelake.seqstore` -- the key-value interface, RocksDB behind it,
-  and the key and value codecs.
-"""
+"""SequenceTable: an event table with a serving store, its creation and opening, and the public names of the package (see :mod:`featurelake.sequences`)."""
 from __future__ import annotations
 
 import shutil
@@ -69,7 +16,7 @@ from featurelake.errors import (
     SchemaMismatchError,
     TableNotFoundError,
 )
-from featurelake.seqbuild import (
+from featurelake.sequences.build import (
     BUCKET_ROWS,
     BUILD_FORMAT,
     DEFAULT_CHUNK_EVENTS,
@@ -79,7 +26,7 @@ from featurelake.seqbuild import (
     SequenceBuildError,
     build_store,
 )
-from featurelake.seqbuildinfo import (  # noqa: F401  (public here as before)
+from featurelake.sequences.buildinfo import (  # noqa: F401  (public here as before)
     PROP_EVENT_ID,
     PROP_KEY,
     PROP_SYNTHETIC,
@@ -90,15 +37,15 @@ from featurelake.seqbuildinfo import (  # noqa: F401  (public here as before)
     live_builds,
     store_root,
 )
-from featurelake.seqjoin import (  # noqa: F401  (public here as before)
+from featurelake.sequences.join import (  # noqa: F401  (public here as before)
     JOIN_SLICE_ROWS,
     SequenceView,
     columns_for_join,
     join_sequences,
     join_sequences_batches,
 )
-from featurelake.seqlookup import DEFAULT_BATCH_KEYS, SequenceStore, _as_array
-from featurelake.seqstore import READERS, KeyCodec
+from featurelake.sequences.lookup import DEFAULT_BATCH_KEYS, SequenceStore, _as_array
+from featurelake.sequences.store import READERS, KeyCodec
 from featurelake.table import MAIN, Table, _chunks
 
 if TYPE_CHECKING:
@@ -225,7 +172,7 @@ class SequenceTable(Table):
 
     @property
     def store_root(self) -> Path:
-        """Where this table's store builds live (see :func:`featurelake.seqbuildinfo.store_root`)."""
+        """Where this table's store builds live (see :func:`featurelake.sequences.buildinfo.store_root`)."""
         return store_root(self.lake.cache_dir, self.name, self._ice)
 
     # -------------------------------------------------------------- writing
@@ -335,7 +282,7 @@ class SequenceTable(Table):
             self.drop_build(b.build_id)
         return [b.build_id for b in doomed]
 
-    build = build_store  # the offline build lives in featurelake.seqbuild
+    build = build_store  # the offline build lives in featurelake.sequences.build
 
     # ---------------------------------------------------------------- reads
     def open_store(self, branch: str = MAIN, snapshot_id: int | None = None, build: str | None = None) -> "SequenceStore":

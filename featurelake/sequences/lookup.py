@@ -2,7 +2,7 @@
 
 Why a module of its own: the read path is the hot one and has its own
 concerns. :class:`SequenceStore` opens one build (through its record,
-:class:`featurelake.seqbuild.BuildInfo`) and answers a batch of (key, before)
+:class:`featurelake.sequences.build.BuildInfo`) and answers a batch of (key, before)
 lookups: it reads the heads of the batch's unique users, picks only the
 chunks that can hold the last ``max_len`` events before each row's time
 (inside ``window``), fetches them with batched multi-gets on a shared thread
@@ -24,9 +24,9 @@ import numpy as np
 import pyarrow as pa
 
 from featurelake.errors import CorruptFileError, FeatureLakeError, SchemaMismatchError
-from featurelake.seqbuildinfo import BUILD_FORMAT, DEFAULT_THREADS, BuildInfo, SequenceBuildError
-from featurelake.seqlayout import _int_times
-from featurelake.seqstore import READERS, FixedCodec, KeyCodec, backend_from_dict
+from featurelake.sequences.buildinfo import BUILD_FORMAT, DEFAULT_THREADS, BuildInfo, SequenceBuildError
+from featurelake.sequences.layout import _int_times
+from featurelake.sequences.store import READERS, FixedCodec, KeyCodec, backend_from_dict
 
 DEFAULT_BATCH_KEYS = 512     # keys per multi-get call (RocksDB: 256-1024 beat bigger calls)
 

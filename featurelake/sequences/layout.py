@@ -1,6 +1,6 @@
 """How a sequence store lays events out: column groups, their codecs, and per-user records.
 
-Why a module of its own: the value and key codecs (:mod:`featurelake.seqstore`)
+Why a module of its own: the value and key codecs (:mod:`featurelake.sequences.store`)
 know how to turn one chunk of rows into bytes and back; this module decides
 what those chunks are. A build's :class:`_Layout` says which attribute
 columns go into which separately fetched group (group 0 also holds the time
@@ -9,8 +9,8 @@ distinct string values allow, Arrow IPC otherwise), and
 :func:`_encode_sorted` writes each user's events, sorted by time, as one
 head value (event count, last time, first time of every chunk) plus one
 value per (chunk, group). Both the full and the incremental build
-(:mod:`featurelake.seqbuild`) write through it; the reader
-(:mod:`featurelake.seqlookup`) reads the same records back.
+(:mod:`featurelake.sequences.build`) write through it; the reader
+(:mod:`featurelake.sequences.lookup`) reads the same records back.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from featurelake.errors import FeatureLakeError, SchemaMismatchError
-from featurelake.seqstore import DICT_MAX, FixedCodec, IpcCodec, KeyCodec, fixed_dtype, is_string
+from featurelake.sequences.store import DICT_MAX, FixedCodec, IpcCodec, KeyCodec, fixed_dtype, is_string
 
 
 # ================================================================== layout

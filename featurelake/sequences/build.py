@@ -10,7 +10,7 @@ build it extends and writes one new layer that re-encodes only the users
 with new events, from their first affected chunk on. Each build is recorded
 in ``<store root>/<build id>/build.json`` (:class:`BuildInfo`): the snapshot
 it reflects, its layout and codecs, its layers; readers open a build
-through that record (:mod:`featurelake.seqlookup`).
+through that record (:mod:`featurelake.sequences.lookup`).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import pyarrow.ipc as ipc
 
 from featurelake import refs
 from featurelake.errors import CorruptFileError, FeatureLakeError
-from featurelake.seqlayout import (
+from featurelake.sequences.layout import (
     _as_lists,
     _check_groups,
     _dropped,
@@ -40,7 +40,7 @@ from featurelake.seqlayout import (
     _sort_events,
     _uniques,
 )
-from featurelake.seqstore import (
+from featurelake.sequences.store import (
     FixedCodec,
     KeyCodec,
     RocksDBBackend,
@@ -48,7 +48,7 @@ from featurelake.seqstore import (
     backend_from_dict,
     write_json_atomic,
 )
-from featurelake.seqbuildinfo import (  # noqa: F401  (public here as before)
+from featurelake.sequences.buildinfo import (  # noqa: F401  (public here as before)
     BUILD_FORMAT,
     DEFAULT_THREADS,
     BuildInfo,
@@ -56,7 +56,7 @@ from featurelake.seqbuildinfo import (  # noqa: F401  (public here as before)
 )
 
 if TYPE_CHECKING:
-    from featurelake.sequences import SequenceTable
+    from featurelake.sequences.table import SequenceTable
 
 DEFAULT_CHUNK_EVENTS = 128
 BUCKET_ROWS = 4_000_000      # events sorted in memory at once during a build; more spill to disk by key range
@@ -314,8 +314,8 @@ def _extend_build(st: SequenceTable, ice, snap, layout: _Layout, backend: StoreB
     Returns None when the new events do not fit the base's codecs (a
     dictionary would grow past DICT_MAX): the caller builds from scratch.
     """
-    from featurelake.seqlookup import SequenceStore
-    from featurelake.seqstore import _link_or_copy
+    from featurelake.sequences.lookup import SequenceStore
+    from featurelake.sequences.store import _link_or_copy
 
     codec = KeyCodec.for_type(layout.key_type)
     codecs = base.codecs()

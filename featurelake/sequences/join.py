@@ -10,7 +10,7 @@ from typing import Any, Iterator, Sequence
 import pyarrow as pa
 
 from featurelake.errors import FeatureLakeError, SchemaMismatchError
-from featurelake.seqlookup import SequenceStore, _as_array, _window_int
+from featurelake.sequences.lookup import SequenceStore, _as_array, _window_int
 
 JOIN_SLICE_ROWS = 65_536
 

@@ -2,7 +2,7 @@
 
 Also where a table's builds live and which of them a retained snapshot is served from, as plain
 functions of the table's name, Iceberg table and the lake's cache folder. Shared by the builder
-(``seqbuild``), the reader (``seqlookup``), :class:`~featurelake.sequences.SequenceTable` and
+(``sequences.build``), the reader (``sequences.lookup``), :class:`~featurelake.sequences.SequenceTable` and
 garbage collection (``gc``), so none of them imports another's back.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pyarrow.ipc as ipc
 
 from featurelake import refs
 from featurelake.errors import FeatureLakeError
-from featurelake.seqstore import codec_from_dict
+from featurelake.sequences.store import codec_from_dict
 from featurelake.storage import storage_of
 
 BUILD_FORMAT = 1
