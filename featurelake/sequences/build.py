@@ -156,6 +156,7 @@ def build_store(
             incremental=base is not None,
             base_build=base.build_id if base is not None else None,
             seconds=round(_time.perf_counter() - t0, 3),
+            table_uuid=str(ice.metadata.table_uuid),
             **stats,
         )
         payload = dataclasses.asdict(info)

@@ -73,6 +73,7 @@ class BuildInfo:
     affected_users: int = 0
     seconds: float = 0.0
     tasks: int = 0  # parallel Ray tasks that wrote the sorted files (featurelake.ray); 0: built in-process
+    table_uuid: str = ""  # the Iceberg table's uuid: garbage collection never deletes another table's build
     format: int = BUILD_FORMAT
     path: str = ""
 
@@ -172,14 +173,22 @@ def build_serving(meta: Any, snap: Any, all_builds: list[BuildInfo]) -> BuildInf
 
 
 def live_builds(meta: Any, all_builds: list[BuildInfo]) -> list[BuildInfo]:
-    """The builds a snapshot retained in ``meta`` may be served from; garbage collection keeps these.
+    """The builds a snapshot retained in ``meta`` (any branch or tag) may be served from; garbage collection keeps these.
 
-    That is every build of a snapshot still in the table's metadata, and the
-    build each retained snapshot resolves to (see :func:`build_serving`). Builds of
-    expired snapshots that no retained one needs are dead.
+    That is the build each retained snapshot resolves to (see :func:`build_serving`:
+    its own newest build, or the one of the ancestor it shares its events with),
+    and the newest build of each retained snapshot in every layout (a reader may
+    pin one by id, e.g. to compare column groups). Builds of expired snapshots
+    that no retained one needs, and older builds of a snapshot superseded by a
+    newer one in the same layout (``build(force=True)``), are dead.
     """
     retained = {s.snapshot_id for s in meta.snapshots}
-    live = {b.build_id: b for b in all_builds if b.snapshot_id in retained}
+    live: dict[str, BuildInfo] = {}
+    newest: dict[tuple, BuildInfo] = {}
+    for b in all_builds:  # oldest first: the last one of a (snapshot, layout) wins
+        if b.snapshot_id in retained:
+            newest[(b.snapshot_id, repr(b.layout()))] = b
+    live.update((b.build_id, b) for b in newest.values())
     for snap in meta.snapshots:
         found = build_serving(meta, snap, all_builds)
         if found is not None:
