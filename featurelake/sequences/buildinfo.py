@@ -146,15 +146,12 @@ def list_builds(root: Path) -> list[BuildInfo]:
     return sorted(out, key=lambda b: (b.created_at, b.build_id))
 
 
-_CONTENT_PRESERVING = {"compact", "index rebuild"}
-
-
 def _keeps_events(snapshot: Any) -> bool:
     """Whether a snapshot only rewrote files (compaction, index rebuild, Iceberg 'replace')."""
     summary = snapshot.summary
     if summary is None:
         return False
-    if summary.get("featurelake.operation") in _CONTENT_PRESERVING:
+    if summary.get("featurelake.operation") in refs.CONTENT_PRESERVING:
         return True
     return summary.operation.value == "replace"
 
@@ -162,13 +159,21 @@ def _keeps_events(snapshot: Any) -> bool:
 def build_serving(meta: Any, snap: Any, all_builds: list[BuildInfo]) -> BuildInfo | None:
     """The newest build of ``snap``, or of the ancestor it shares its events with."""
     # A compaction or an index rebuild changes files, not events: a build of the snapshot
-    # before it still serves (so maintenance never takes the store away from training reads).
+    # before it still serves (so maintenance never takes the store away from training reads),
+    # also once that snapshot expired: the commit names it (refs.same_events_props).
+    def newest_of(snapshot_id: int) -> BuildInfo | None:
+        matching = [b for b in all_builds if b.snapshot_id == snapshot_id]
+        return matching[-1] if matching else None
+
     for candidate in refs.ancestors(meta, snap):
-        matching = [b for b in all_builds if b.snapshot_id == candidate.snapshot_id]
-        if matching:
-            return matching[-1]
+        found = newest_of(candidate.snapshot_id)
+        if found is not None:
+            return found
         if not _keeps_events(candidate):
             break
+        named = candidate.summary.get(refs.SAME_EVENTS_AS) if candidate.summary is not None else None
+        if named and meta.snapshot_by_id(int(named)) is None:  # expired: only its builds tell
+            return newest_of(int(named))
     return None
 
 
