@@ -8,7 +8,10 @@ lists, old metadata and dead sequence store builds — and only once they are
 older than a grace period, which protects writes in flight (their files exist
 before their commit does). Folders of tables no longer in the catalog (dropped,
 or a ``metadata.json`` a crash left before the catalog insert) are collected
-too, but only under the lake's own warehouse.
+too, but only under the lake's own warehouse. Sequence store builds live on a
+local disk, often outside any table location (the lake's cache folder): they are
+collected whole, by which builds retained snapshots are served from
+(:mod:`featurelake.sequences.collect`), under the same grace period.
 
 It is fail-safe. Every path is compared as a canonical URI through the table's
 own FileIO (:mod:`featurelake.storage`), and a table is skipped, its files
@@ -300,6 +303,10 @@ def _warehouse_storage(lake: "Lake", tables: list[IcebergTable]) -> tuple[Storag
 
 def collect_garbage(lake: "Lake", older_than: timedelta = timedelta(days=3), dry_run: bool = False) -> GarbageReport:
     """Delete files no retained snapshot of any ref references, older than the grace period.
+
+    Also the sequence store builds no retained snapshot is served from, wherever the
+    lake keeps them (its local cache folder too; see :mod:`featurelake.sequences.collect`);
+    ``report.builds`` names them per table.
 
     Raises GarbageCollectionError on a negative grace period (files of writes in
     flight are younger than zero days only by clock skew). Tables or folders it

@@ -289,3 +289,37 @@ def test_merge_of_caller_event_ids_refuses_duplicates_and_writes_nothing(lake):
     assert got == sorted(["a1", "a2", "e1", "m1", "dup-1", "dup-2"])
     st.build(branch="exp")
     assert st.lookup(["u1"], before=10, columns=["t", "v"], branch="exp").to_pylist()[0] == [{"t": 1, "v": 1.0}, {"t": 5, "v": 5.0}]
+
+
+# ----------------------------------------------------------------- seq stats
+def test_seq_stats_shows_bytes_per_event_by_component(lake):
+    from typer.testing import CliRunner
+
+    from featurelake.cli import app
+
+    st = make_events(lake)
+    st.append(events_with_ties(20, 40, seed=1))
+    st.append(events_with_ties(20, 40, seed=2, start_min=2000, minutes=500))
+    st.build()
+    res = CliRunner().invoke(app, ["--home", str(lake.home), "--json", "seq", "stats", "ml.events"])
+    assert res.exit_code == 0, res.output
+    stats = json.loads(res.output)
+    events = st.read()
+    assert stats["events"] == events.num_rows
+    # oracles: data files as the manifests list them, the build folder by an independent walk (links once)
+    ice = st.refresh()
+    data = sum(os.path.getsize(t.file.file_path.removeprefix("file://")) for t in ice.scan().plan_files())
+    inodes = {}
+    for d, _, files in os.walk(st.build_for().path):
+        for f in files:
+            s = os.stat(os.path.join(d, f))
+            inodes[s.st_ino] = s.st_size
+    index = sum(os.path.getsize(p) for p in Path(ice.location().removeprefix("file://")).rglob("*")
+                if p.is_file() and "/index/" in str(p))
+    assert stats["bytes"]["event_data"] == data and stats["bytes"]["store"] == sum(inodes.values())
+    assert stats["bytes"]["key_index"] == index > 0 and stats["bytes"]["updates"] == 0
+    assert stats["bytes"]["total"] == data + index + sum(inodes.values())
+    for k, v in stats["bytes"].items():
+        assert stats["bytes_per_event"][k] == round(v / events.num_rows, 2)
+    res = CliRunner().invoke(app, ["--home", str(lake.home), "seq", "stats", "ml.events"])
+    assert res.exit_code == 0 and "bytes_per_event" in res.output and "key_index" in res.output

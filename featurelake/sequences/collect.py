@@ -81,6 +81,18 @@ def _freed_bytes(files: list[Path]) -> int:
     return sum(size for seen, nlink, size in links.values() if seen >= nlink)
 
 
+def folder_bytes(folder: str | Path) -> int:
+    """Bytes the files under ``folder`` take on disk, each hard-linked file once (a build's real footprint)."""
+    seen: dict[tuple[int, int], int] = {}
+    for p in _files(Path(folder)):
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            continue
+        seen[(st.st_dev, st.st_ino)] = st.st_size
+    return sum(seen.values())
+
+
 def plan_builds(root: Path, meta: Any, cutoff: float) -> BuildPlan:
     """The folders under store root ``root`` that no retained snapshot of ``meta`` needs, changed before ``cutoff``.
 

@@ -365,10 +365,32 @@ class SequenceTable(Table):
         return SequenceView(store, key, time, cols, max_len, window, threads, batch_keys)
 
     def store_stats(self, branch: str = MAIN) -> dict[str, Any]:
-        """Table figures plus the builds and whether the branch head has one."""
+        """Table figures plus the builds, whether the branch head has one, and bytes per event by component.
+
+        Components of the branch head: ``event_data`` (the event table's data
+        files), ``updates`` (update files), ``key_index`` (index segments on the
+        event id) and ``store`` (the build serving the head, on disk, each
+        hard-linked file once); ``bytes_per_event`` divides each by the events.
+        """
+        from featurelake.sequences.collect import folder_bytes
+        from featurelake.storage import storage_of
+
         stats = self.stats(branch=branch)
         builds = self.builds()
         head = stats.get("snapshot_id")
+        ice = self._ice
+        snap = ice.metadata.snapshot_by_id(head) if head is not None else None
+        serving = build_serving(ice.metadata, snap, builds) if snap is not None else None
+        storage = storage_of(ice.io)
+        segments = self._state(ice, snap).index_segments if snap is not None else []
+        components = {
+            "event_data": int(stats.get("data_bytes") or 0),
+            "updates": int(stats.get("update_bytes") or 0),
+            "key_index": sum(storage.size(seg["path"]) for seg in segments),
+            "store": folder_bytes(serving.path) if serving is not None else 0,
+        }
+        components["total"] = sum(components.values())
+        events = stats.get("rows") or 0
         return {
             "table": self.name,
             "branch": branch,
@@ -379,6 +401,9 @@ class SequenceTable(Table):
             "data_files": stats.get("data_files"),
             "table_bytes": stats.get("bytes"),
             "head_built": any(b.snapshot_id == head for b in builds),
+            "serving_build": serving.build_id if serving is not None else None,
+            "bytes": components,
+            "bytes_per_event": {k: round(v / events, 2) if events else None for k, v in components.items()},
             "builds": [
                 {k: b.to_dict()[k] for k in ("build_id", "snapshot_id", "incremental", "users", "events", "chunks",
                                              "bytes", "store_bytes", "seconds", "created_at")}
