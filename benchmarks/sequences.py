@@ -22,6 +22,9 @@ day-partitioned sample tables are). Side by side, in one run:
    multi-get of the very keys the lookups fetched (the floor).
 4. **long histories**: lookups with the same max_len (256) against users with
    2K versus 80K events each.
+5. **features** (:mod:`benchmarks.sequences_features`): an item-feature view
+   (as of the row's time, 64-float embeddings) and the sequence view joined
+   together, against each alone and the unjoined read.
 """
 from __future__ import annotations
 
@@ -54,9 +57,9 @@ GOAL_LONG = 1.5
 def sizes(cfg: Config) -> dict[str, int]:
     if cfg.quick:
         return {"users": 150, "history": 600, "short_users": 100, "short": 2000, "long_users": 6, "long": 80_000,
-                "long_batch": 6, "long_batches": 15}
+                "long_batch": 6, "long_batches": 15, "items": 500}
     return {"users": 4000, "history": 800, "short_users": 2000, "short": 2000, "long_users": 100, "long": 80_000,
-            "long_batch": 100, "long_batches": 40}
+            "long_batch": 100, "long_batches": 40, "items": 20_000}
 
 
 # ------------------------------------------------------------------- data
@@ -367,6 +370,14 @@ def run(cfg: Config) -> dict[str, Any]:
               f"{tp['plain_rows_per_s']:,} rows/s; lookups {tp['lookups_vs_floor']['lookups_per_s']:,}/s vs raw multi-get "
               f"{tp['lookups_vs_floor']['raw_multiget_rows_per_s']:,}/s")
 
+        # 5. a sequence view and an item-feature view together
+        from benchmarks.sequences_features import feature_join
+
+        fj = result["feature_join"] = feature_join(lake, rows, view_hot, sz["items"], START, DAYS, cfg.seed, BATCH, threads,
+                                                   repeat, ["sample_id", "label"] + FEATURES)
+        print(f"  features: both joins {fj['both_rows_per_s']:,} rows/s vs sequences only {fj['sequences_rows_per_s']:,}, "
+              f"features only {fj['features_rows_per_s']:,}, plain {fj['plain_rows_per_s']:,} rows/s")
+
         # 4. long histories
         result["long_histories"] = long_histories(lake, sz, cfg, threads)
         lh = result["long_histories"]
@@ -394,6 +405,8 @@ def run(cfg: Config) -> dict[str, Any]:
             "fetches each unique user's whole history once per batch",
             f"throughput and lookups use {threads} threads and hot/cold column groups {GROUPS}; projection {HOT}",
             "long histories: batches of distinct users, `before` uniform over days 60..365 of a one-year history",
+            "feature_join: item features as of the row's time (1-8 versions per item, 64-float embedding taken to numpy "
+            "zero-copy per batch); sequences = the hot projection above; best of `repeat` interleaved reads",
         ]
     print_goals(goals)
     path = write_result(NAME, cfg, result)
