@@ -9,6 +9,7 @@ nulls. Every comparison is row by row, on every feature, embeddings included.
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -170,6 +171,8 @@ def test_latest_join_matches_merge(lake):
     got = samples.read(features={"it": ft.view(columns=["emb", "price"])})   # key_column defaults to the key's name
     assert got.column_names[-2:] == ["it.emb", "it.price"]
     assert ours(got, "it", ["emb", "price"]) == oracle(versions, rows, "item_id", None, ["emb", "price"])
+    df = samples.to_pandas(columns=["sid"], features={"it": ft.view(columns=["price"])}).sort_values("sid")
+    assert _pylist(df["it.price"].astype(object)) == oracle(versions, rows, "item_id", None, ["price"])["price"]
     # the direct lookup answers the same, one row per key
     keys = [3, None, 999, 7, 3]
     direct = ft.lookup(keys, columns=["price"])
@@ -379,10 +382,12 @@ def test_bad_input_is_refused_with_clear_errors(lake):
         (NullKeyError, "null", good.set_column(0, "item_id", pa.nulls(good.num_rows, pa.int64()))),
         (SchemaMismatchError, "updated_at", good.drop_columns(["updated_at"])),
     ]
+    files_before = sorted(p for p in Path(lake.home).rglob("*") if p.is_file() and p.suffix != ".db")
     for err, match, data in bad_inputs:
         with pytest.raises(err, match=match):
             ft.append(data)
     assert ft.iceberg.refresh().current_snapshot() is None          # nothing was written
+    assert sorted(p for p in Path(lake.home).rglob("*") if p.is_file() and p.suffix != ".db") == files_before
     ft.append(good)
     with pytest.raises(SequenceBuildError, match="feature table ml.items.*build"):
         ft.view()                                                 # appended, not built
@@ -412,3 +417,27 @@ def test_bad_input_is_refused_with_clear_errors(lake):
     with pytest.raises(SchemaMismatchError, match="clash"):
         TrainingReader(samples, features={"item": ft.view(key_column="item", as_of="ts")}, weight_column="item.price")
     assert plain.read().num_rows == 0
+
+
+def test_garbage_collection_keeps_the_live_feature_build_and_collects_dead_ones(tmp_path):
+    """A lake without a home keeps feature builds under the table folder, like sequence builds."""
+    from datetime import timezone
+
+    lake = Lake.from_uri(f"sqlite:///{tmp_path / 'catalog.db'}", str(tmp_path / "warehouse"))
+    ft = make_items(lake)
+    v1 = item_versions(20, 3, seed=20)
+    ft.append(v1)
+    first = ft.build()
+    v2 = item_versions(20, 3, seed=21, start_min=1000)
+    ft.append(v2)
+    second = ft.build()
+    assert str(tmp_path / "warehouse") in first.path
+    ft.expire_snapshots(dt.datetime.now(timezone.utc), retain_last=1)   # the first build's snapshot is gone
+    report = lake.collect_garbage(older_than=dt.timedelta(0))
+    assert any(first.build_id in f for f in report.files) and not any(second.build_id in f for f in report.files)
+    ft = lake.feature_table("ml.items")
+    assert [b.build_id for b in ft.builds()] == [second.build_id]
+    rows = training_rows(pa.concat_tables([v1, v2]), 200, 20, seed=22)
+    samples = make_samples(lake, rows)
+    got = samples.read(features={"item": ft.view(key_column="item", as_of="ts")})
+    assert ours(got, "item") == oracle(pa.concat_tables([v1, v2]), rows, "item", "ts")
