@@ -161,6 +161,20 @@ def test_as_of_join_matches_merge_asof(lake):
     assert ours(samples.read(columns=["sid"], features={"item": view}), "item", FEATURES + ["updated_at"]) == want
 
 
+@pytest.mark.parametrize("options", [{}, {"chunk_events": 1}, {"chunk_events": 5, "codecs": "ipc"}])
+def test_many_versions_per_entity_across_chunk_edges(lake, options):
+    ft = make_items(lake)
+    versions = item_versions(12, 40, seed=23)                  # up to 40 versions: several chunks per item
+    ft.append(versions)
+    info = ft.build(**options)
+    assert info.chunks > info.users
+    rows = training_rows(versions, 700, 12, seed=24)           # 30% of the rows exactly at a version's time
+    samples = make_samples(lake, rows)
+    for as_of in ("ts", None):
+        got = samples.read(features={"item": ft.view(key_column="item", as_of=as_of)})
+        assert ours(got, "item") == oracle(versions, rows, "item", as_of)
+
+
 def test_latest_join_matches_merge(lake):
     ft = make_items(lake)
     versions = item_versions(50, 5, seed=4)
