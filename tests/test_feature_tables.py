@@ -455,3 +455,23 @@ def test_garbage_collection_keeps_the_live_feature_build_and_collects_dead_ones(
     samples = make_samples(lake, rows)
     got = samples.read(features={"item": ft.view(key_column="item", as_of="ts")})
     assert ours(got, "item") == oracle(pa.concat_tables([v1, v2]), rows, "item", "ts")
+
+
+def test_a_feature_added_by_backfill_is_served_after_the_next_build(lake):
+    ft = make_items(lake)
+    versions = item_versions(15, 4, seed=25)
+    ft.append(versions)
+    ft.build()
+    stored = ft.read(columns=["feature_row_id", "item_id", "updated_at"])
+    rating = pa.array(np.arange(stored.num_rows, dtype=np.float64) / 10)
+    ft.backfill(pa.table({"feature_row_id": stored.column("feature_row_id"), "rating": rating}))
+    assert ft.features == FEATURES + ["rating"]
+    with pytest.raises(SequenceBuildError):
+        ft.view(columns=["rating"])                       # the head changed: build first
+    info = ft.build()
+    assert not info.incremental and info.column_groups == [["price", "category", "rating"], ["emb"]]
+    with_rating = ft.read()                                   # the versions with their ratings merged in
+    rows = training_rows(versions, 300, 15, seed=26)
+    samples = make_samples(lake, rows)
+    got = samples.read(features={"item": ft.view(key_column="item", as_of="ts", columns=["rating", "emb"])})
+    assert ours(got, "item", ["rating", "emb"]) == oracle(with_rating, rows, "item", "ts", ["rating", "emb"])

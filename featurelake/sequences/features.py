@@ -213,10 +213,15 @@ class FeatureTable(SequenceTable):
         features in one column group and embeddings and other nested columns
         in another (scalars then decode with numpy views).
         """
-        if not self.builds():
+        builds = self.builds()
+        if not builds:
             options.setdefault("chunk_events", DEFAULT_FEATURE_CHUNK)
             if options.get("column_groups") is None:
                 options["column_groups"] = self._default_groups()
+        elif all(options.get(k) is None for k in ("chunk_events", "column_groups", "codecs")):
+            last = builds[-1]
+            if sorted(c for g in last.column_groups for c in g) != sorted(self.features):  # features were added
+                options.update(chunk_events=last.chunk_events, column_groups=self._default_groups(), codecs=last.codec_mode)
         return build_store(self, branch, snapshot_id, **options)
 
     def _default_groups(self) -> list[list[str]]:
