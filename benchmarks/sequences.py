@@ -22,7 +22,10 @@ day-partitioned sample tables are). Side by side, in one run:
    multi-get of the very keys the lookups fetched (the floor).
 4. **long histories**: lookups with the same max_len (256) against users with
    2K versus 80K events each.
-5. **incremental build after one day**: an event table holding ``DAYS - 1``
+5. **features** (:mod:`benchmarks.sequences_features`): an item-feature view
+   (as of the row's time, 64-float embeddings) and the sequence view joined
+   together, against each alone and the unjoined read.
+6. **incremental build after one day**: an event table holding ``DAYS - 1``
    days is built in full; the last day's events are appended; then, interleaved
    ``repeat`` times, an incremental build (re-encodes only the users with new
    events, from their first affected chunk, and hard-links the rest) versus a
@@ -59,9 +62,9 @@ GOAL_LONG = 1.5
 def sizes(cfg: Config) -> dict[str, int]:
     if cfg.quick:
         return {"users": 150, "history": 600, "short_users": 100, "short": 2000, "long_users": 6, "long": 80_000,
-                "long_batch": 6, "long_batches": 15, "daily_users": 100, "daily_history": 300}
+                "long_batch": 6, "long_batches": 15, "items": 500, "daily_users": 100, "daily_history": 300}
     return {"users": 4000, "history": 800, "short_users": 2000, "short": 2000, "long_users": 100, "long": 80_000,
-            "long_batch": 100, "long_batches": 40, "daily_users": 4000, "daily_history": 800}
+            "long_batch": 100, "long_batches": 40, "items": 20_000, "daily_users": 4000, "daily_history": 800}
 
 
 # ------------------------------------------------------------------- data
@@ -427,12 +430,20 @@ def run(cfg: Config) -> dict[str, Any]:
               f"{tp['plain_rows_per_s']:,} rows/s; lookups {tp['lookups_vs_floor']['lookups_per_s']:,}/s vs raw multi-get "
               f"{tp['lookups_vs_floor']['raw_multiget_rows_per_s']:,}/s")
 
+        # 5. a sequence view and an item-feature view together
+        from benchmarks.sequences_features import feature_join
+
+        fj = result["feature_join"] = feature_join(lake, rows, view_hot, sz["items"], START, DAYS, cfg.seed, BATCH, threads,
+                                                   repeat, ["sample_id", "label"] + FEATURES)
+        print(f"  features: both joins {fj['both_rows_per_s']:,} rows/s vs sequences only {fj['sequences_rows_per_s']:,}, "
+              f"features only {fj['features_rows_per_s']:,}, plain {fj['plain_rows_per_s']:,} rows/s")
+
         # 4. long histories
         result["long_histories"] = long_histories(lake, sz, cfg, threads)
         lh = result["long_histories"]
         print(f"  long histories: {lh['2k']['us_per_lookup']} us vs {lh['80k']['us_per_lookup']} us per lookup = {lh['cost_80k_over_2k']}x")
 
-        # 5. incremental build after one day of new events
+        # 6. incremental build after one day of new events
         result["incremental_build"] = inc = incremental_build(lake, sz, cfg, repeat)
         print(f"  one more day ({inc['new_events']:,} events, {inc['affected_users']:,} users): incremental build "
               f"{inc['incremental_s']:.2f} s, {fmt_bytes(inc['incremental_bytes_written'])} written vs full "
