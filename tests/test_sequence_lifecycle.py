@@ -25,7 +25,7 @@ from backends import both_backends
 from featurelake import Lake
 from featurelake.errors import MergeConflictError
 from featurelake.table import Table
-from test_sequences import T0, events_with_ties, make_events, oracle, random_rows
+from test_sequences import events_with_ties, make_events, oracle, random_rows
 
 NOW = dt.timedelta(0)
 COLS = ["ts", "item_id", "event_type"]
