@@ -60,10 +60,10 @@ def sizes(cfg: Config) -> dict[str, int]:
 
 
 # ------------------------------------------------------------------- data
-def training_rows(users: int, seed: int) -> pa.Table:
+def training_rows(users: int, seed: int, rows_per_user: int = ROWS_PER_USER) -> pa.Table:
     rng = np.random.default_rng([seed, 7])
-    n = users * ROWS_PER_USER
-    uid = np.repeat(np.arange(users, dtype=np.int64), ROWS_PER_USER)
+    n = users * rows_per_user
+    uid = np.repeat(np.arange(users, dtype=np.int64), rows_per_user)
     day0 = np.datetime64(_dt.datetime.combine(START, _dt.time()), "us")
     lo = (DAYS - ROW_DAYS) * 86_400_000_000
     ts = day0 + (lo + rng.integers(0, ROW_DAYS * 86_400_000_000, n)).astype("timedelta64[us]")
