@@ -580,6 +580,10 @@ class FixedCodec:
 
 
 def codec_from_dict(d: dict, schema: pa.Schema, chunk_events: int):
-    if d.get("kind", "ipc") == "fixed":
+    """The fixed or IPC codec a build recorded (``packed``: see :func:`featurelake.sequences.buildinfo.codec_of`)."""
+    kind = d.get("kind", "ipc")
+    if kind == "fixed":
         return FixedCodec(schema, chunk_events, d.get("dictionaries", {}), d.get("delta", ()))
+    if kind != "ipc":
+        raise CorruptFileError(f"unknown sequence chunk codec {kind!r} (a build written by a newer featurelake?)")
     return IpcCodec(schema)
