@@ -77,6 +77,7 @@ __all__ = [
 ]
 
 DEFAULT_EVENT_ID = "event_id"
+EVENT_ZSTD_LEVEL = 9
 
 
 # ================================================================= creation
@@ -142,17 +143,26 @@ def event_encodings(schema: pa.Schema, key: str, time: str, event_id: str, synth
     Events are written sorted by (key, time): the time column is a run of
     small increasing steps per user (DELTA_BINARY_PACKED: ~4.3 instead of
     ~6.8 bytes an event, measured), synthetic event ids are consecutive in a
-    file (delta: ~0 instead of ~1 byte), and float attributes compress better
-    byte-split. The key keeps its dictionary (long runs of one user).
+    file (delta: ~0 instead of ~1 byte), float attributes compress better
+    byte-split, and integer attributes (item ids) are bit-packed
+    (DELTA_BINARY_PACKED: 2.3 instead of 2.6 bytes an id). The key keeps its
+    dictionary (long runs of one user). zstd runs at level
+    ``EVENT_ZSTD_LEVEL``: events are written once and kept, so ~0.3 byte an
+    event is worth the slower encode. Every setting is a table property the
+    caller can override through ``properties``.
     """
     from featurelake.datafiles import ENCODING_PROPERTY
 
-    out = {f"{ENCODING_PROPERTY}{time}": "DELTA_BINARY_PACKED"}
+    out = {f"{ENCODING_PROPERTY}{time}": "DELTA_BINARY_PACKED", "write.parquet.compression-level": str(EVENT_ZSTD_LEVEL)}
     if synthetic:
         out[f"{ENCODING_PROPERTY}{event_id}"] = "DELTA_BINARY_PACKED"
     for f in schema:
-        if f.name not in (key, time, event_id) and pa.types.is_floating(f.type) and f.type.bit_width >= 32:
+        if f.name in (key, time, event_id):
+            continue
+        if pa.types.is_floating(f.type) and f.type.bit_width >= 32:
             out[f"{ENCODING_PROPERTY}{f.name}"] = "BYTE_STREAM_SPLIT"
+        elif pa.types.is_integer(f.type) and f.type.bit_width >= 32:
+            out[f"{ENCODING_PROPERTY}{f.name}"] = "DELTA_BINARY_PACKED"  # ids: bit-packed (min + width per miniblock)
     return out
 
 
