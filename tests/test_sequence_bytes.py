@@ -291,3 +291,50 @@ def test_packed_codec_plans_only_what_it_can_store_and_refuses_damage():
     for bad in (value[:-1], value + b"\x00", value[:6], b""):
         with pytest.raises(CorruptFileError):
             cd.decode([bad])
+
+
+# ------------------------------------------------------- RocksDB compression
+def test_store_compression_options_and_older_builds(lake):
+    from featurelake.errors import CorruptFileError, FeatureLakeError
+    from featurelake.sequences.store import RocksDBBackend, backend_from_dict, codec_from_dict
+
+    st = make_events(lake)
+    events = events_with_ties(30, 80, seed=17)
+    st.append(events.slice(0, 700))
+    # a build as made before the zstd options existed records none of them
+    old = st.build(chunk_events=16, backend=RocksDBBackend(zstd_level=None, zstd_dict_bytes=0))
+    assert old.store == {"backend": "rocksdb", "compression": "zstd", "block_size": 16384}
+    assert backend_from_dict(old.store).describe() == old.store
+    st.append(events.slice(700))
+    ext = st.build()                                    # extends it with the same settings
+    assert ext.incremental and ext.store == old.store and ext.base_build == old.build_id
+    assert st.build(force=True, incremental=False).store == old.store   # later builds keep the table's settings
+    fresh = st.build(force=True, incremental=False, backend=RocksDBBackend())   # the defaults, when asked for
+    assert fresh.store["zstd_level"] == RocksDBBackend.DEFAULT_ZSTD_LEVEL
+    assert fresh.store["zstd_dict_bytes"] == RocksDBBackend.DEFAULT_ZSTD_DICT_BYTES
+    stored = st.read()
+    keys, befores = random_rows(np.random.default_rng(2), 200, 30)
+    cols = ["ts", "item_id", "event_type", "tags"]
+    want = oracle(stored, keys, befores, cols, 12)
+    for b in (ext, fresh):
+        assert st.lookup(keys, before=befores, columns=cols, max_len=12, build=b.build_id).to_pylist() == want
+    assert RocksDBBackend(compression="lz4").describe() == {"backend": "rocksdb", "compression": "lz4", "block_size": 16384}
+    for bad in ({"zstd_level": 99}, {"zstd_level": "9"}, {"zstd_dict_bytes": -1}):
+        with pytest.raises(FeatureLakeError):
+            RocksDBBackend(**bad)
+    with pytest.raises(CorruptFileError, match="newer featurelake"):
+        codec_from_dict({"kind": "zigzag"}, pa.schema([("a", pa.int64())]), 8)
+
+
+def test_other_readers_decode_the_event_encodings(lake):
+    """DuckDB (an independent Parquet reader) reads the delta-packed and byte-split columns as pyarrow does."""
+    duckdb = pytest.importorskip("duckdb")
+    st = make_events(lake)
+    events = events_with_ties(20, 50, seed=5)
+    st.append(events)
+    files = [storage_of(st.iceberg.io).local_path(p) for p in _data_files(st)]
+    assert "DELTA_BINARY_PACKED" in _encodings(st, "item_id") and "BYTE_STREAM_SPLIT" in _encodings(st, "dwell")
+    cols = "user_id, ts, item_id, event_type, dwell, tags, event_id"
+    got = duckdb.connect().sql(f"select {cols} from read_parquet({files!r}) order by event_id").to_arrow_table()
+    want = pa.concat_tables([pq.read_table(f) for f in files]).sort_by("event_id")
+    assert got.to_pylist() == want.select([c.strip() for c in cols.split(",")]).to_pylist()
