@@ -1,8 +1,10 @@
 """Bytes per event by component: the normalized lake (event table, index, store build, training rows) against
 the denormalized rows (last 256 events inlined), everything under each lake's home counted.
 
-Two shapes: the Meta-like one of issue 14 (1,000 users, ~2,000 events each, heavy-tailed; 50 training rows per
-user) and the shape of benchmarks/sequences.py (4,000 users x 800 events, 40 rows per user). Per shape, two
+Three shapes: the Meta-like one of issue 14 (1,000 users, ~2,000 events each, heavy-tailed: lognormal sigma 1;
+50 training rows per user), the same with a heavier tail (sigma 2: many users with fewer than 256 events, so the
+denormalized rows inline less) and the shape of benchmarks/sequences.py (4,000 users x 800 events, 40 rows per
+user). Per shape, two
 embedded lakes are written side by side: ``norm`` (the sequence table, its store build and the training rows)
 and ``denorm`` (the training rows, each carrying its last 256 events with every attribute, zstd Parquet). Every
 file under each home is counted once (hard links once: a store build's SST files are linked into its RocksDB
@@ -31,26 +33,29 @@ REPEAT_RATE = 0.3
 GOAL_RATIO = 3.0        # issue 14: the normalized lake >= 3x smaller than the denormalized rows (Meta-like shape)
 APPEND_ROWS = 16_384    # denormalized rows per append, as benchmarks/sequences.py writes them
 HEAVY_SIGMA = 1.0       # lognormal spread of events per user (heavy tail; mean kept at the shape's mean)
+HEAVIER_SIGMA = 2.0     # a heavier tail: half the users under ~270 events, so rows inline fewer than MAX_LEN
 
 
 def shapes(cfg: Config) -> dict[str, dict[str, Any]]:
     if cfg.quick:
         return {
-            "meta_like": {"users": 40, "mean_events": 300, "heavy_tailed": True, "rows_per_user": 50},
-            "sequences_benchmark": {"users": 40, "mean_events": 200, "heavy_tailed": False, "rows_per_user": 40},
+            "meta_like": {"users": 40, "mean_events": 300, "sigma": HEAVY_SIGMA, "rows_per_user": 50},
+            "meta_like_heavier_tail": {"users": 40, "mean_events": 300, "sigma": HEAVIER_SIGMA, "rows_per_user": 50},
+            "sequences_benchmark": {"users": 40, "mean_events": 200, "sigma": 0.0, "rows_per_user": 40},
         }
     return {
-        "meta_like": {"users": 1000, "mean_events": 2000, "heavy_tailed": True, "rows_per_user": 50},
-        "sequences_benchmark": {"users": 4000, "mean_events": 800, "heavy_tailed": False, "rows_per_user": 40},
+        "meta_like": {"users": 1000, "mean_events": 2000, "sigma": HEAVY_SIGMA, "rows_per_user": 50},
+        "meta_like_heavier_tail": {"users": 1000, "mean_events": 2000, "sigma": HEAVIER_SIGMA, "rows_per_user": 50},
+        "sequences_benchmark": {"users": 4000, "mean_events": 800, "sigma": 0.0, "rows_per_user": 40},
     }
 
 
 # ------------------------------------------------------------------- data
-def event_counts(users: int, mean: int, heavy: bool, seed: int) -> np.ndarray:
-    """Events per user: all ``mean``, or lognormal (sigma HEAVY_SIGMA) scaled to that mean, at least 8."""
-    if not heavy:
+def event_counts(users: int, mean: int, sigma: float, seed: int) -> np.ndarray:
+    """Events per user: all ``mean`` (sigma 0), or lognormal with that sigma scaled to that mean, at least 8."""
+    if not sigma:
         return np.full(users, mean, dtype=np.int64)
-    c = np.random.default_rng([seed, 0x4E]).lognormal(0.0, HEAVY_SIGMA, users)
+    c = np.random.default_rng([seed, 0x4E]).lognormal(0.0, sigma, users)
     return np.maximum(8, np.round(c / c.mean() * mean)).astype(np.int64)
 
 
@@ -146,7 +151,7 @@ def measure_shape(label: str, shape: dict[str, Any], wd: Path, cfg: Config) -> d
     from benchmarks.sequences import training_rows
 
     users = shape["users"]
-    counts = event_counts(users, shape["mean_events"], shape["heavy_tailed"], cfg.seed)
+    counts = event_counts(users, shape["mean_events"], shape["sigma"], cfg.seed)
     log = event_log(counts, cfg.seed)
     events = pa.Table.from_batches(log)
     n = events.num_rows

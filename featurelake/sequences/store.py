@@ -27,7 +27,8 @@ Key layout (bytewise order = the order the build writes in):
 * ``prefix + 0x00`` -- the user's *head*: event count, last event time and
   the first event time of every chunk (int64 little-endian);
 * ``prefix + 0x01 + chunk (u32 BE) + group (u8)`` -- one chunk of events of
-  one column group, an Arrow RecordBatch IPC message.
+  one column group, in the group's codec: ``fixed`` or ``ipc`` (below) or
+  ``packed`` (:mod:`featurelake.sequences.packed`).
 """
 from __future__ import annotations
 
