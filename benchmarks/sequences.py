@@ -22,6 +22,11 @@ day-partitioned sample tables are). Side by side, in one run:
    multi-get of the very keys the lookups fetched (the floor).
 4. **long histories**: lookups with the same max_len (256) against users with
    2K versus 80K events each.
+
+The storage cost per event by component (event table, index, store build,
+everything under each lake's home), on the Meta-like shape of issue 14 and on
+this benchmark's shape, is the section in ``benchmarks/sequence_storage.py``
+(``python -m benchmarks sequence_storage``); it reuses :func:`training_rows`.
 """
 from __future__ import annotations
 

@@ -211,19 +211,12 @@ class RocksDBBackend(StoreBackend):
     space-bound); ``block_size`` trades read amplification against index
     size; ``cache_mb`` is the block cache of each open store.
 
-    With zstd, ``zstd_level`` and ``zstd_dict_bytes`` set how the sorted files
-    are compressed: a dictionary trained per file on ~100x its size of
-    sampled blocks lets each 16 KiB block start from what the file's other
-    blocks share (column layouts, dictionary codes, high byte planes).
-    Measured on the synthetic event log (400K events, bytes an event / build
-    CPU seconds): level 3 without a dictionary 14.1 / 0.2; with a 16 KiB
-    dictionary at level 3 13.5 / 0.3, level 9 (the default) 13.4 / 0.5,
-    level 15 13.0 / 1.0; no measurable change in warm lookup time (the block
-    cache holds uncompressed blocks, and zstd decodes as fast whatever the
-    level). Pass ``zstd_level=15`` where bytes matter more than build time.
-    ``None``/0 keep
-    RocksDB's defaults (level 3, no dictionary), as builds made before these
-    options recorded nothing about them.
+    ``zstd_level`` and ``zstd_dict_bytes``: a dictionary trained per file lets
+    each block start from what the file's blocks share. Measured on 400K
+    synthetic events (bytes an event / build CPU s): no dictionary, level 3
+    14.1 / 0.2; dictionary at level 3, 9 (default), 15: 13.5 / 0.3, 13.4 /
+    0.5, 13.0 / 1.0; warm lookups alike (cached blocks are uncompressed).
+    ``None``/0: RocksDB's defaults, as recorded by builds made before these.
     """
 
     name = "rocksdb"
