@@ -32,6 +32,7 @@ REGISTRY: dict[str, str] = {
     "upsert": "benchmarks.upsert",
     "maintenance": "benchmarks.maintenance",
     "sequences": "benchmarks.sequences",
+    "sequence_storage": "benchmarks.sequence_storage",
     "training": "benchmarks.training",
     "requests": "benchmarks.requests",
     "placement": "benchmarks.placement",

@@ -30,6 +30,11 @@ day-partitioned sample tables are). Side by side, in one run:
    ``repeat`` times, an incremental build (re-encodes only the users with new
    events, from their first affected chunk, and hard-links the rest) versus a
    full build of the same snapshot: build seconds and bytes written.
+
+The storage cost per event by component (event table, index, store build,
+everything under each lake's home), on the Meta-like shape of issue 14 and on
+this benchmark's shape, is the section in ``benchmarks/sequence_storage.py``
+(``python -m benchmarks sequence_storage``); it reuses :func:`training_rows`.
 """
 from __future__ import annotations
 
@@ -68,10 +73,10 @@ def sizes(cfg: Config) -> dict[str, int]:
 
 
 # ------------------------------------------------------------------- data
-def training_rows(users: int, seed: int) -> pa.Table:
+def training_rows(users: int, seed: int, rows_per_user: int = ROWS_PER_USER) -> pa.Table:
     rng = np.random.default_rng([seed, 7])
-    n = users * ROWS_PER_USER
-    uid = np.repeat(np.arange(users, dtype=np.int64), ROWS_PER_USER)
+    n = users * rows_per_user
+    uid = np.repeat(np.arange(users, dtype=np.int64), rows_per_user)
     day0 = np.datetime64(_dt.datetime.combine(START, _dt.time()), "us")
     lo = (DAYS - ROW_DAYS) * 86_400_000_000
     ts = day0 + (lo + rng.integers(0, ROW_DAYS * 86_400_000_000, n)).astype("timedelta64[us]")

@@ -137,7 +137,7 @@ def test_as_of_join_matches_merge_asof(lake):
     ft.append(first.slice(first.num_rows // 2))           # two appends: versions of one item in both
     info = ft.build()
     assert info.events == first.num_rows and info.chunk_events == 8
-    assert [k for k in info.to_dict()["group_codecs"]] == ["fixed", "ipc"]   # scalars fixed-size, embeddings IPC
+    assert [k for k in info.to_dict()["group_codecs"]] == ["fixed", "packed"]   # scalars fixed-size, embeddings byte-plane packed
     rows = training_rows(first, 800, 60, seed=2)
     samples = make_samples(lake, rows)
     view = ft.view(key_column="item", as_of="ts", columns=FEATURES + ["updated_at"])

@@ -322,10 +322,13 @@ def test_seq_stats_shows_bytes_per_event_by_component(lake):
             inodes[s.st_ino] = s.st_size
     index = sum(os.path.getsize(p) for p in Path(ice.location().removeprefix("file://")).rglob("*")
                 if p.is_file() and "/index/" in str(p))
-    assert stats["bytes"]["event_data"] == data and stats["bytes"]["store"] == sum(inodes.values())
-    assert stats["bytes"]["key_index"] == index > 0 and stats["bytes"]["updates"] == 0
-    assert stats["bytes"]["total"] == data + index + sum(inodes.values())
-    for k, v in stats["bytes"].items():
-        assert stats["bytes_per_event"][k] == round(v / events.num_rows, 2)
+    comp = stats["components"]
+    sst = sum(size for ino, size in inodes.items())
+    assert comp["event_data"] == data and comp["store_build"] == st.build_for().store_bytes > 0
+    assert comp["store_build"] <= sst and stats["store_builds_on_disk"] == sst
+    assert comp["index"] == index > 0 and comp["event_updates"] == 0
+    assert comp["total"] == data + index + comp["store_build"]
+    for k, v in comp.items():
+        assert stats["bytes_per_event"][k] == round(v / events.num_rows, 3)
     res = CliRunner().invoke(app, ["--home", str(lake.home), "seq", "stats", "ml.events"])
-    assert res.exit_code == 0 and "bytes_per_event" in res.output and "key_index" in res.output
+    assert res.exit_code == 0 and "Bytes per event" in res.output and "store_build" in res.output

@@ -115,11 +115,11 @@ def seq_stats_cmd(ctx: typer.Context, table: TableArg, branch: BranchOpt = MAIN,
     if _wants_json(ctx, json_flag):
         return _emit_json(stats)
     out = _out()
-    shown = {k: v for k, v in stats.items() if k not in ("table", "branch", "builds", "bytes", "bytes_per_event")}
+    shown = {k: v for k, v in stats.items() if k not in ("table", "branch", "builds", "components", "bytes_per_event")}
     _print_report(out, shown, title=f"{table}@{branch}")
     per_event = stats["bytes_per_event"]
-    _print_rows(out, [{"component": k, "bytes": v, "bytes_per_event": per_event[k]} for k, v in stats["bytes"].items()],
-                ["component", "bytes", "bytes_per_event"], title="Bytes by component (branch head)")
+    rows = [{"component": k, "bytes": v, "bytes_per_event": per_event[k]} for k, v in stats["components"].items()]
+    _print_rows(out, rows, ["component", "bytes", "bytes_per_event"], title="Bytes per event, by component")
     builds = stats["builds"]
     if builds:
         _print_rows(out, builds, list(builds[0]), title=f"Builds of {table} (oldest first)")

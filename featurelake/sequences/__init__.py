@@ -17,8 +17,11 @@ and joins them back in the reader. featurelake does the same:
   per (user, chunk, column group), plus a small per-user head (event count,
   first event time of every chunk). Groups of fixed-width and low-cardinality
   string columns are stored as fixed-size raw chunks (a batch decodes with
-  numpy views, no per-chunk work); others (lists, structs, free text) as Arrow
-  IPC messages. Written offline into sorted files and bulk-loaded; no
+  numpy views, no per-chunk work; times delta-coded, values as byte planes);
+  groups with lists of fixed-width values as ``packed`` byte planes; others
+  (structs, free text) as Arrow IPC messages. By default the fixed-width and
+  string columns form the first group and the rest a second one. The sorted
+  files are zstd-compressed with a dictionary per file. Written offline into sorted files and bulk-loaded; no
   per-row puts, no compaction. Each build records the snapshot it reflects
   (``<store root>/<build id>/build.json``); an incremental build re-encodes
   only users with new events, from their first affected chunk on, and
@@ -54,7 +57,8 @@ The package is split by concept; this ``__init__`` re-exports the public face:
 * :mod:`featurelake.sequences.lookup` -- :class:`SequenceStore`: one build opened
   for serving, and the conversion of keys, times and windows.
 * :mod:`featurelake.sequences.store` -- the key-value interface, RocksDB behind it,
-  and the key and value codecs.
+  and the key and value codecs; :mod:`featurelake.sequences.packed` -- the
+  byte-plane codec for groups with list columns.
 * :mod:`featurelake.sequences.features` -- entity feature tables (:class:`FeatureTable`:
   versions of item, author or ad features and embeddings) built into the same store, and
   :mod:`featurelake.sequences.featurejoin` -- their read-time join

@@ -42,6 +42,8 @@ from featurelake.sequences.layout import (
 )
 from featurelake.sequences.store import (
     FixedCodec,
+    fixed_dtype,
+    is_string,
     KeyCodec,
     RocksDBBackend,
     StoreBackend,
@@ -192,6 +194,8 @@ def _layout(st: SequenceTable, ice, snap, chunk_events, column_groups, previous:
     codecs = codecs or "auto"
     if codecs not in ("auto", "ipc"):
         raise FeatureLakeError(f"codecs must be 'auto' or 'ipc', not {codecs!r}")
+    if column_groups is None and codecs == "auto":
+        column_groups = default_groups(arrow, attrs)
     groups = _check_groups(column_groups, attrs, time)
     c = int(chunk_events or DEFAULT_CHUNK_EVENTS)
     if not 1 <= c <= 1 << 20:
@@ -200,6 +204,20 @@ def _layout(st: SequenceTable, ice, snap, chunk_events, column_groups, previous:
                      for i, g in enumerate(groups)]
     return _Layout(key, time, eid, synthetic, arrow.field(key).type, arrow.field(time).type, c, groups,
                    attrs, group_schemas, codecs)
+
+
+def default_groups(arrow: pa.Schema, attrs: list[str]) -> list[list[str]] | None:
+    """Column groups when none are given: fixed-width and string columns first, the others apart.
+
+    Why: the first group is stored with the fixed codec (delta-coded times,
+    byte planes, dictionary codes) only when every column in it fits; one
+    list or struct column would send all of them to Arrow IPC (measured on the
+    synthetic event log: 21.6 bytes an event in one IPC group, 16.6 with the
+    list column in a group of its own). None when one group holds them all.
+    """
+    fits = [n for n in attrs if fixed_dtype(arrow.field(n).type) is not None or is_string(arrow.field(n).type)]
+    rest = [n for n in attrs if n not in fits]
+    return [fits, rest] if fits and rest else None
 
 
 def _incremental_base(st: SequenceTable, ice, snap, layout, backend,

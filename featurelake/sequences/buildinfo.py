@@ -19,6 +19,7 @@ import pyarrow.ipc as ipc
 
 from featurelake import refs
 from featurelake.errors import FeatureLakeError
+from featurelake.sequences.packed import PackedCodec
 from featurelake.sequences.store import codec_from_dict
 from featurelake.storage import storage_of
 
@@ -98,7 +99,14 @@ class BuildInfo:
     def codecs(self) -> list:
         schemas = self.schemas()
         raw = self.group_codecs or [{"kind": "ipc"}] * len(schemas)
-        return [codec_from_dict(d, s, self.chunk_events) for d, s in zip(raw, schemas)]
+        return [codec_of(d, s, self.chunk_events) for d, s in zip(raw, schemas)]
+
+
+def codec_of(d: dict, schema: pa.Schema, chunk_events: int):
+    """The chunk codec a build recorded for one column group (fixed, packed or Arrow IPC)."""
+    if d.get("kind") == "packed":
+        return PackedCodec(schema, d.get("delta", ()))
+    return codec_from_dict(d, schema, chunk_events)
 
 
 def load_build(path: Path) -> BuildInfo:

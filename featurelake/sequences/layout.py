@@ -5,7 +5,8 @@ know how to turn one chunk of rows into bytes and back; this module decides
 what those chunks are. A build's :class:`_Layout` says which attribute
 columns go into which separately fetched group (group 0 also holds the time
 column), with which codec (fixed-size raw chunks where the types and the
-distinct string values allow, Arrow IPC otherwise), and
+distinct string values allow, byte-planed ``packed`` chunks for groups of
+fixed-width and list<fixed-width> columns, Arrow IPC otherwise), and
 :func:`_encode_sorted` writes each user's events, sorted by time, as one
 head value (event count, last time, first time of every chunk) plus one
 value per (chunk, group). Both the full and the incremental build
@@ -22,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from featurelake.errors import FeatureLakeError, SchemaMismatchError
+from featurelake.sequences.packed import PackedCodec
 from featurelake.sequences.store import DICT_MAX, FixedCodec, IpcCodec, KeyCodec, fixed_dtype, is_string
 
 
@@ -62,7 +64,8 @@ class _Layout:
     def plan_codecs(self, uniques: dict[str, list[str] | None]) -> list:
         if self.codec_mode != "auto":
             return [IpcCodec(s) for s in self.group_schemas]
-        return [FixedCodec.plan(s, self.chunk_events, uniques, delta=[self.time]) or IpcCodec(s) for s in self.group_schemas]
+        return [FixedCodec.plan(s, self.chunk_events, uniques, delta=[self.time])
+                or PackedCodec.plan(s, delta=[self.time]) or IpcCodec(s) for s in self.group_schemas]
 
 
 def _check_groups(groups: Sequence[Sequence[str]] | None, attrs: list[str], time: str) -> list[list[str]]:

@@ -27,7 +27,8 @@ Key layout (bytewise order = the order the build writes in):
 * ``prefix + 0x00`` -- the user's *head*: event count, last event time and
   the first event time of every chunk (int64 little-endian);
 * ``prefix + 0x01 + chunk (u32 BE) + group (u8)`` -- one chunk of events of
-  one column group, an Arrow RecordBatch IPC message.
+  one column group, in the group's codec: ``fixed`` or ``ipc`` (below) or
+  ``packed`` (:mod:`featurelake.sequences.packed`).
 """
 from __future__ import annotations
 
@@ -209,20 +210,42 @@ class RocksDBBackend(StoreBackend):
     ``compression`` is ``lz4`` (CPU-bound serving) or ``zstd`` (IO- or
     space-bound); ``block_size`` trades read amplification against index
     size; ``cache_mb`` is the block cache of each open store.
+
+    ``zstd_level`` and ``zstd_dict_bytes``: a dictionary trained per file lets
+    each block start from what the file's blocks share. Measured on 400K
+    synthetic events (bytes an event / build CPU s): no dictionary, level 3
+    14.1 / 0.2; dictionary at level 3, 9 (default), 15: 13.5 / 0.3, 13.4 /
+    0.5, 13.0 / 1.0; warm lookups alike (cached blocks are uncompressed).
+    ``None``/0: RocksDB's defaults, as recorded by builds made before these.
     """
 
     name = "rocksdb"
+    DEFAULT_ZSTD_LEVEL = 9
+    DEFAULT_ZSTD_DICT_BYTES = 16 * 1024
 
-    def __init__(self, compression: str = "zstd", block_size: int = 16 * 1024, cache_mb: int = 256, bloom_bits: int = 10) -> None:
+    def __init__(self, compression: str = "zstd", block_size: int = 16 * 1024, cache_mb: int = 256, bloom_bits: int = 10,
+                 zstd_level: int | None = DEFAULT_ZSTD_LEVEL, zstd_dict_bytes: int = DEFAULT_ZSTD_DICT_BYTES) -> None:
         if compression not in ("lz4", "zstd", "none"):
             raise FeatureLakeError(f"compression must be lz4, zstd or none, not {compression!r}")
+        if zstd_level is not None and not (isinstance(zstd_level, int) and -7 <= zstd_level <= 22):
+            raise FeatureLakeError(f"zstd_level must be an int between -7 and 22 or None, not {zstd_level!r}")
+        if not (isinstance(zstd_dict_bytes, int) and 0 <= zstd_dict_bytes <= 1 << 20):
+            raise FeatureLakeError(f"zstd_dict_bytes must be an int between 0 and 2**20, not {zstd_dict_bytes!r}")
         self.compression = compression
         self.block_size = int(block_size)
         self.cache_mb = int(cache_mb)
         self.bloom_bits = int(bloom_bits)
+        zstd = compression == "zstd"
+        self.zstd_level = zstd_level if zstd else None
+        self.zstd_dict_bytes = int(zstd_dict_bytes) if zstd else 0
 
     def describe(self) -> dict:
-        return {"backend": self.name, "compression": self.compression, "block_size": self.block_size}
+        out = {"backend": self.name, "compression": self.compression, "block_size": self.block_size}
+        if self.zstd_level is not None:
+            out["zstd_level"] = self.zstd_level
+        if self.zstd_dict_bytes:
+            out["zstd_dict_bytes"] = self.zstd_dict_bytes
+        return out
 
     def _options(self, for_read: bool = False):
         from rocksdict import BlockBasedOptions, Cache, DBCompressionType, Options
@@ -239,6 +262,11 @@ class RocksDBBackend(StoreBackend):
         opt.set_compression_type(
             {"lz4": DBCompressionType.lz4, "zstd": DBCompressionType.zstd, "none": DBCompressionType.none}[self.compression]()
         )
+        if not for_read and (self.zstd_level is not None or self.zstd_dict_bytes):
+            # (window bits, level, strategy, dictionary bytes); 32767 is RocksDB's "library default" level
+            opt.set_compression_options(-14, 32767 if self.zstd_level is None else self.zstd_level, 0, self.zstd_dict_bytes)
+            if self.zstd_dict_bytes:
+                opt.set_zstd_max_train_bytes(self.zstd_dict_bytes * 100)
         return opt
 
     def writer(self, path: str) -> SortedFileWriter:
@@ -292,7 +320,8 @@ def backend_from_dict(d: dict) -> StoreBackend:
     kind = d.get("backend", "rocksdb")
     if kind != "rocksdb":
         raise FeatureLakeError(f"unknown sequence store backend {kind!r}")
-    return RocksDBBackend(compression=d.get("compression", "zstd"), block_size=int(d.get("block_size", 16384)))
+    return RocksDBBackend(compression=d.get("compression", "zstd"), block_size=int(d.get("block_size", 16384)),
+                          zstd_level=d.get("zstd_level"), zstd_dict_bytes=int(d.get("zstd_dict_bytes", 0)))
 
 
 # ------------------------------------------------------------ reader cache
@@ -580,6 +609,10 @@ class FixedCodec:
 
 
 def codec_from_dict(d: dict, schema: pa.Schema, chunk_events: int):
-    if d.get("kind", "ipc") == "fixed":
+    """The fixed or IPC codec a build recorded (``packed``: see :func:`featurelake.sequences.buildinfo.codec_of`)."""
+    kind = d.get("kind", "ipc")
+    if kind == "fixed":
         return FixedCodec(schema, chunk_events, d.get("dictionaries", {}), d.get("delta", ()))
+    if kind != "ipc":
+        raise CorruptFileError(f"unknown sequence chunk codec {kind!r} (a build written by a newer featurelake?)")
     return IpcCodec(schema)
