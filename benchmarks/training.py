@@ -13,7 +13,16 @@ data files). Every reader streams one full epoch of all columns in batches of
 * ``pyarrow_dataset``: ``pyarrow.dataset.dataset(files).to_batches(batch_size=BATCH)``.
 
 Repetitions are interleaved; ratios are paired medians (each repetition's two
-readers ran back to back). Shuffle quality (distinct source files per batch,
+readers ran back to back). The CPU seconds of the in-process readers are
+recorded too: on a shared machine they say what each read costs when the wall
+clock is noisy.
+
+A real PyTorch training loop (when torch is installed): the synthetic
+impressions (8 float features, ``click``), ``TrainingDataset`` through
+``DataLoader(num_workers=2)``, a two-layer model (8-16-1, Adam, weighted BCE),
+one epoch per repetition on CPU, ``torch.set_num_threads(1)``. Reported: rows/s of the loader alone, of the
+whole loop (read, tensors, forward, backward, step), and the loss of the first
+and last batches. Shuffle quality (distinct source files per batch,
 correlation of stream position with key) is measured for the reader, for the
 old ``batches(shuffle=True)`` and for a full random permutation of the rows.
 """
@@ -22,6 +31,7 @@ from __future__ import annotations
 import multiprocessing as mp
 from typing import Any, Callable
 
+import numpy as np
 import pyarrow.dataset as pads
 
 from benchmarks.common import (
@@ -43,6 +53,15 @@ NAME = "training"
 DEFAULT_REPEAT = 5
 BATCH = 1024
 GOAL_SHUFFLED_OVER_UNSHUFFLED = 0.8
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and of its children that have finished."""
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def _count(batches) -> int:
@@ -67,6 +86,75 @@ def _forked(reader, workers: int) -> int:
     return rows
 
 
+TORCH_FEATURES = [f"f{i}" for i in range(8)]
+TORCH_BATCH = 1024
+
+
+def _torch_loop(cfg: Config, lake) -> dict[str, Any]:
+    """Rows/s of a DataLoader-fed two-layer model on the synthetic impressions; the loss must fall."""
+    try:
+        import torch
+        from featurelake.torch import TrainingDataset
+    except ImportError as e:
+        return {"skipped": f"torch is not installed ({e}); `make test-torch` installs featurelake[torch]"}
+    from featurelake.synthetic import impressions_schema, impressions_table
+
+    rows = 40_000 if cfg.quick else min(cfg.rows, 1_000_000)
+    t = lake.create_table("bench.impressions", impressions_schema(), primary_key="sample_id")
+    files = 4 if cfg.quick else 8
+    table = impressions_table(rows, days=files, seed=cfg.seed)
+    for i in range(files):  # one data file per day
+        t.append(table.slice(i * rows // files, (i + 1) * rows // files - i * rows // files))
+    data = TrainingDataset(t, columns=TORCH_FEATURES + ["click"], batch_size=TORCH_BATCH, seed=cfg.seed)
+    loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=2, persistent_workers=False)
+    torch.manual_seed(cfg.seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    losses: list[float] = []
+
+    def train_epoch() -> int:
+        n = 0
+        for b in loader:
+            x = torch.nan_to_num(torch.stack([b[f] for f in TORCH_FEATURES], dim=1))
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(model(x).squeeze(1), b["click"].float())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            n += len(x)
+        return n
+
+    def load_epoch() -> int:
+        return sum(len(b["click"]) for b in loader)
+
+    timings = {"torch_loader_2workers": Timing(), "torch_training_loop_2workers": Timing()}
+    threads = torch.get_num_threads()
+    # One intra-op thread: the two loader workers have the other core, and a tiny model gains nothing from
+    # more; with 2 threads on this shared 2-core machine a step took 26 ms instead of 1.3 (OpenMP waits).
+    torch.set_num_threads(1)
+    try:
+        for rep in range(cfg.repeat):
+            data.set_epoch(rep)
+            _, n_load = timed(load_epoch, timings["torch_loader_2workers"])
+            _, n_train = timed(train_epoch, timings["torch_training_loop_2workers"])
+            if n_load != n_train:
+                raise AssertionError(f"the loader gave {n_load} rows, the loop trained on {n_train}")
+    finally:
+        torch.set_num_threads(threads)
+    first, last = float(np.mean(losses[:10])), float(np.mean(losses[-10:]))
+    if not last < first:
+        raise AssertionError(f"the loss did not fall: {first:.4f} -> {last:.4f}")
+    return {
+        "rows": n_train,
+        "batch_size": TORCH_BATCH,
+        "rates": {k: {**tm.as_dict(), "rows_per_s": round(n_train / tm.median)} for k, tm in timings.items()},
+        "loss_first_10_batches": round(first, 4),
+        "loss_last_10_batches": round(last, 4),
+        "torch": torch.__version__,
+        "torch_threads": 1,
+    }
+
+
 def run(cfg: Config) -> dict[str, Any]:
     from featurelake.training import TrainingReader, shuffle_quality
 
@@ -85,10 +173,13 @@ def run(cfg: Config) -> dict[str, Any]:
             "pyarrow_dataset": lambda: _count(pads.dataset(paths, format="parquet").to_batches(batch_size=BATCH)),
         }
         timings = {name: Timing() for name in readers}
+        cpu = {name: Timing() for name in readers}
         for rep in range(cfg.repeat):
             shuffled.set_epoch(rep)
             for name, fn in readers.items():
+                c0 = _cpu()
                 _, rows = timed(fn, timings[name])
+                cpu[name].add(_cpu() - c0)
                 if rows != cfg.rows:
                     raise AssertionError(f"{name} read {rows} rows, expected {cfg.rows}")
 
@@ -100,14 +191,17 @@ def run(cfg: Config) -> dict[str, Any]:
             ),
         }
         units = len(shuffled.units)
+        torch_loop = _torch_loop(cfg, Lake(wd / "lake"))
 
-    rates = {name: {**tm.as_dict(), "rows_per_s": round(cfg.rows / tm.best)} for name, tm in timings.items()}
+    rates = {name: {**tm.as_dict(), "rows_per_s": round(cfg.rows / tm.best), "median_rows_per_s": round(cfg.rows / tm.median),
+                    "cpu_s_median": round(cpu[name].median, 4)} for name, tm in timings.items()}
     ratios = {
         "shuffled_over_batches_paired": paired_ratio(timings["batches"], timings["training_shuffled"]),
         "shuffled_over_unshuffled_reader_paired": paired_ratio(timings["training_unshuffled"], timings["training_shuffled"]),
         "shuffled_2proc_over_batches_paired": paired_ratio(timings["batches"], timings["training_shuffled_2proc"]),
         "batches_over_pyarrow_paired": paired_ratio(timings["pyarrow_dataset"], timings["batches"]),
         "shuffled_over_pyarrow_paired": paired_ratio(timings["pyarrow_dataset"], timings["training_shuffled"]),
+        "shuffled_over_batches_cpu_paired": paired_ratio(cpu["batches"], cpu["training_shuffled"]),
     }
     goals = [
         goal("shuffled training reader / unshuffled batches (throughput, paired median)",
@@ -120,8 +214,10 @@ def run(cfg: Config) -> dict[str, Any]:
         "rates": rates,
         "ratios": ratios,
         "shuffle_quality": quality,
+        "torch_training_loop": torch_loop,
         "goals": goals,
         "notes": [
+            "cpu_s_median: CPU seconds of this process and its finished children per epoch (the forked run counts its children)",
             "rows_per_s from the best repetition; ratios are paired medians (throughput, higher = first reader faster)",
             "training_shuffled_2proc forks 2 processes that each read half the epoch (the machine has 2 shared cores)",
             "shuffle quality: 'reader' is the stream as read, 'random' the same rows fully permuted and cut at the same batch sizes",
@@ -141,5 +237,12 @@ def _summary(result: dict[str, Any], path) -> None:
         print(f"  {name:<40} {v}")
     for name, q in result["shuffle_quality"].items():
         print(f"  quality {name:<22} reader {q['reader']}  random {q['random']}")
+    loop = result["torch_training_loop"]
+    if "skipped" in loop:
+        print(f"  torch loop: skipped ({loop['skipped']})")
+    else:
+        for name, r in loop["rates"].items():
+            print(f"  {name:<30} {fmt_rate(r['rows_per_s'])} (median epoch)")
+        print(f"  loss {loop['loss_first_10_batches']} -> {loop['loss_last_10_batches']}")
     print_goals(result["goals"])
     print(f"  -> {path}")
