@@ -209,17 +209,23 @@ class WindowReader:
                 picked = row_of[perm]
                 found = picked >= 0
                 order, ranks = picked[found], np.flatnonzero(found)
-            rows = rows.take(pa.array(order))
+            rows = _gather(rows, order)
         elif keep is not None:
             survivors = np.flatnonzero(keep)
             ranks = np.concatenate(local)[survivors].astype(np.int64)
-            rows = rows.take(pa.array(survivors))
+            rows = _gather(rows, survivors)
         else:
             ranks = np.concatenate(local).astype(np.int64)
         if not rows.num_rows:
             return None, ranks
         batches = rows.combine_chunks().to_batches()
         return (batches[0] if len(batches) == 1 else pa.concat_batches(batches)), ranks
+
+
+def _gather(rows: pa.Table, order: np.ndarray) -> pa.Table:
+    """``rows.take(order)`` for indices known to be in range: uint32 and no bounds check (a quarter cheaper)."""
+    index = order.astype(np.uint32) if len(order) and rows.num_rows < 1 << 32 else order
+    return pc.take(rows, pa.array(index), boundscheck=False)
 
 
 # ------------------------------------------------------------------- quality
