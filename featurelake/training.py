@@ -39,8 +39,10 @@ How:
   ``batch_size + 1`` rows, and ``dropped_rows`` says how many.
 * **Speed.** A window's slices of the open units decode in parallel, the
   window is permuted with one gather, and batches are zero-copy slices of it
-  (see ``featurelake.shuffle``); the next window is read while this one is
-  consumed.
+  (see ``featurelake.shuffle``). Decoding runs up to ``interleave + 1``
+  windows ahead (so the units a later window opens decode while the open ones
+  are consumed) and the gather two windows ahead, each on its own thread:
+  memory holds about ``2 * interleave`` decoded chunks of up to 65,536 rows.
 
 The pieces live in ``featurelake.shuffle`` (units, shards, windows, quality)
 and ``featurelake.sampling``; this module is the reader and its position.

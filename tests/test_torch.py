@@ -100,6 +100,19 @@ def test_padded_and_jagged_lists(impressions):
     assert jagged["context_slot_values"].tolist() == [e["slot"] for x in context for e in x]
 
 
+def test_worker_batches_travel_as_one_shared_buffer_with_the_same_values(impressions):
+    from featurelake.torch import _one_storage
+
+    batch = impressions.read(columns=["sample_id", "click", "f0", "clicked_items"]).slice(0, 300).combine_chunks().to_batches()[0]
+    tensors = to_tensors(batch)
+    packed = _one_storage(tensors)
+    assert packed.keys() == tensors.keys()
+    for k, v in tensors.items():
+        assert packed[k].dtype == v.dtype and packed[k].shape == v.shape
+        assert torch.equal(torch.nan_to_num(packed[k].float(), -7.0), torch.nan_to_num(v.float(), -7.0)), k
+    assert len({v.untyped_storage().data_ptr() for v in packed.values()}) == 1
+
+
 def test_stateful_dataloader_resumes_without_repeating_or_skipping(impressions):
     sdl = pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata is not installed")
     expected = sorted(impressions.read(columns=["sample_id"]).column("sample_id").to_pylist())
