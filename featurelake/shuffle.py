@@ -11,16 +11,13 @@ ints (see ``featurelake.training``).
 * :func:`windows` groups a worker's share into shuffle windows: ``interleave``
   units open at once, one slice of each per window.
 * :class:`WindowReader` reads the windows in order, one slice of every open
-  unit, decoding those slices in parallel, and hands back each window's kept
-  rows permuted, as one contiguous batch (one gather per window, no per-row
-  Python).
+  unit, and hands back each window's kept rows permuted, as one contiguous
+  batch (one gather per window, no per-row Python).
 * :func:`shuffle_quality` measures a stream against a full random permutation.
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from threading import Lock
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -106,28 +103,24 @@ class WindowReader:
     one batch, and each row's rank in the window's permutation (increasing):
     a reader resumed at ``(w, rank)`` re-reads window ``w`` and keeps the
     rows from that rank on. Windows must be read in order (streams carry
-    over); the pieces of one window decode in parallel on ``pool``.
+    over).
     """
 
-    def __init__(self, reader: "TrainingReader", units: list[Unit], epoch: int, worker: int,
-                 pool: ThreadPoolExecutor | None = None) -> None:
+    def __init__(self, reader: "TrainingReader", units: list[Unit], epoch: int, worker: int) -> None:
         self.r = reader
         self.units = units
         self.epoch = epoch
         self.worker = worker
-        self.pool = pool
         self.streams: dict[int, Iterator[tuple[pa.RecordBatch, np.ndarray, int]]] = {}
         self.carry: dict[int, tuple[pa.RecordBatch, np.ndarray, int]] = {}
         self.layers: dict[int, list] = {}
-        self._lock = Lock()
         self.chunk = max(DECODE_ROWS, -(-reader.shuffle_buffer // reader.interleave))
         self.output_schema: pa.Schema | None = None
 
     def _layers(self, task_index: int) -> list:
-        with self._lock:
-            if task_index not in self.layers:
-                self.layers[task_index] = self.r.scan.layers_for(self.r.tasks[task_index].file.file_path)
-            return self.layers[task_index]
+        if task_index not in self.layers:
+            self.layers[task_index] = self.r.scan.layers_for(self.r.tasks[task_index].file.file_path)
+        return self.layers[task_index]
 
     def _stream(self, slot: int, start: int) -> Iterator[tuple[pa.RecordBatch, np.ndarray, int]]:
         if slot not in self.streams:
@@ -167,17 +160,7 @@ class WindowReader:
 
     def read(self, window: list[Piece], w: int) -> tuple[pa.RecordBatch | None, np.ndarray]:
         """One window's kept rows in emission order (None when none), and each one's rank in the window's order."""
-        return self.arrange(window, w, self.decode(window))
-
-    def decode(self, window: list[Piece]) -> list[tuple[list[pa.RecordBatch], list[np.ndarray]]]:
-        """Stage 1, in window order: each piece's rows and file positions (the pieces decode in parallel)."""
-        if self.pool is not None and len(window) > 1:
-            return list(self.pool.map(self._piece, window))
-        return [self._piece(p) for p in window]
-
-    def arrange(self, window: list[Piece], w: int, pieces: list[tuple[list[pa.RecordBatch], list[np.ndarray]]]
-                ) -> tuple[pa.RecordBatch | None, np.ndarray]:
-        """Stage 2, any order: sample the decoded pieces of window ``w`` and permute them (one gather)."""
+        pieces = [self._piece(p) for p in window]
         r = self.r
         parts, local, uniforms_of = [], [], []
         offset = 0

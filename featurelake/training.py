@@ -37,12 +37,12 @@ How:
   batch_size``, from metadata), so data-parallel ranks never wait on a rank
   that ran out: each worker drops the rest of its share, fewer than
   ``batch_size + 1`` rows, and ``dropped_rows`` says how many.
-* **Speed.** A window's slices of the open units decode in parallel, the
-  window is permuted with one gather, and batches are zero-copy slices of it
-  (see ``featurelake.shuffle``). Decoding runs up to ``interleave + 1``
-  windows ahead (so the units a later window opens decode while the open ones
-  are consumed) and the gather two windows ahead, each on its own thread:
-  memory holds about ``2 * interleave`` decoded chunks of up to 65,536 rows.
+* **Speed.** Each open unit decodes in chunks of up to 65,536 rows (large
+  reads decode cheaply); a window is permuted with one gather (no per-batch
+  ``take``, no per-row Python) and batches are zero-copy slices of it (see
+  ``featurelake.shuffle``). One thread reads the next window while this one
+  is consumed; memory holds about ``interleave`` decoded chunks and two
+  windows.
 
 The pieces live in ``featurelake.shuffle`` (units, shards, windows, quality)
 and ``featurelake.sampling``; this module is the reader and its position.
@@ -74,7 +74,6 @@ if TYPE_CHECKING:
 DEFAULT_TRAINING_BATCH = 1024
 DEFAULT_SHUFFLE_BUFFER = 65_536
 DEFAULT_INTERLEAVE = 8
-DECODE_THREADS = 2  # slices of a window decoded at once (Arrow also decodes columns in parallel)
 _STATE_VERSION = 1
 
 
@@ -323,25 +322,17 @@ class TrainingReader:
         g, _ = self.global_worker
         rest: list[pa.RecordBatch] = []  # rows waiting for the next batch (from earlier windows)
         rest_rows, rest_end = 0, (0, 0)
-        with ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="featurelake-decode") as decode, \
-                ThreadPoolExecutor(1, thread_name_prefix="featurelake-read") as reading, \
-                ThreadPoolExecutor(1, thread_name_prefix="featurelake-shuffle") as arranging:
-            reader = WindowReader(self, units, epoch, g, decode if self.interleave > 1 else None)
-            # Two stages, each its own thread: decode (in window order, up to ``interleave`` windows ahead,
-            # so a window that opens new units decodes them while the ones before are consumed), then
-            # sample + permute (two windows ahead). The consumer only slices.
-            decoded: dict[int, Any] = {}
+        with ThreadPoolExecutor(1, thread_name_prefix="featurelake-train") as pool:
+            # One thread reads the next window (decode, sample, permute) while this one is consumed. More
+            # threads (the pieces decoded in parallel, the gather a stage of its own) cost more than they
+            # gained on a shared 2-core machine: every hand-off waits for a core.
+            reader = WindowReader(self, units, epoch, g)
             futures: dict[int, Any] = {}
-            queued = [start_window, start_window]
 
             def ahead(w: int) -> None:
-                while queued[0] < min(len(plan), w + self.interleave + 1):
-                    decoded[queued[0]] = reading.submit(reader.decode, plan[queued[0]])
-                    queued[0] += 1
-                while queued[1] < min(len(plan), w + 2):
-                    v, fut = queued[1], decoded.pop(queued[1])
-                    futures[v] = arranging.submit(lambda v=v, fut=fut: reader.arrange(plan[v], v, fut.result()))
-                    queued[1] += 1
+                for v in (w, w + 1):
+                    if v < len(plan) and v not in futures:
+                        futures[v] = pool.submit(reader.read, plan[v], v)
 
             try:
                 for w in range(start_window, len(plan)):
@@ -373,7 +364,7 @@ class TrainingReader:
                 self._finished = True
                 self._position = (len(plan), 0)
             finally:
-                for f in [*decoded.values(), *futures.values()]:
+                for f in futures.values():
                     f.cancel()
 
     def _emit(self, batch: pa.RecordBatch, window: int, rank: int) -> pa.RecordBatch:
