@@ -4,7 +4,10 @@ Setup: the wide benchmark table (``sample_id`` + float features, ``files``
 data files). Every reader streams one full epoch of all columns in batches of
 ``BATCH`` rows and the consumer only counts rows:
 
-* ``training_shuffled``: ``TrainingReader`` (shuffle on, one worker);
+* ``training_shuffled``: ``TrainingReader`` (shuffle on, one worker; the
+  default reads one window ahead on a thread);
+* ``training_shuffled_sync``: the same with ``prefetch=0`` (windows read in the
+  consumer's thread);
 * ``training_shuffled_2proc``: the same reader split over 2 forked worker
   processes (``worker_id`` 0 and 1 of 2, as ``DataLoader(num_workers=2)``
   does), timed until both finish;
@@ -53,6 +56,21 @@ NAME = "training"
 DEFAULT_REPEAT = 5
 BATCH = 1024
 GOAL_SHUFFLED_OVER_UNSHUFFLED = 0.8
+
+
+QUALITY_EPOCHS = 3
+
+
+def _summarize_quality(per_epoch: list[dict[str, Any]]) -> dict[str, Any]:
+    """Quality over several epochs: the correlation of one epoch is mostly the luck of its unit order."""
+    out: dict[str, Any] = {"rows": per_epoch[0]["rows"], "batches": per_epoch[0]["batches"], "epochs": len(per_epoch)}
+    for side in ("reader", "random"):
+        out[side] = {
+            "position_key_correlation_per_epoch": [q[side].get("position_key_correlation") for q in per_epoch],
+            "mean_abs_position_key_correlation": round(float(np.mean([abs(q[side]["position_key_correlation"]) for q in per_epoch])), 4),
+            "distinct_sources_per_batch": round(float(np.mean([q[side]["distinct_sources_per_batch"] for q in per_epoch])), 3),
+        }
+    return out
 
 
 def _cpu() -> float:
@@ -165,8 +183,10 @@ def run(cfg: Config) -> dict[str, Any]:
         t = build_wide_table(Lake(wd / "lake"), "bench.wide", cfg)
         paths = data_file_paths(t.iceberg)
         shuffled = TrainingReader(t, batch_size=BATCH, seed=cfg.seed)
+        sync = TrainingReader(t, batch_size=BATCH, seed=cfg.seed, prefetch=0)
         readers: dict[str, Callable[[], int]] = {
             "training_shuffled": lambda: _count(shuffled),
+            "training_shuffled_sync": lambda: _count(sync),
             "training_shuffled_2proc": lambda: _forked(shuffled, 2),
             "training_unshuffled": lambda: _count(TrainingReader(t, batch_size=BATCH, shuffle=False)),
             "batches": lambda: _count(t.batches(batch_size=BATCH)),
@@ -176,6 +196,7 @@ def run(cfg: Config) -> dict[str, Any]:
         cpu = {name: Timing() for name in readers}
         for rep in range(cfg.repeat):
             shuffled.set_epoch(rep)
+            sync.set_epoch(rep)
             for name, fn in readers.items():
                 c0 = _cpu()
                 _, rows = timed(fn, timings[name])
@@ -183,13 +204,17 @@ def run(cfg: Config) -> dict[str, Any]:
                 if rows != cfg.rows:
                     raise AssertionError(f"{name} read {rows} rows, expected {cfg.rows}")
 
-        quality_reader = TrainingReader(t, columns=[KEY], batch_size=BATCH, seed=cfg.seed, with_locator=True)
-        quality = {
-            "training_reader": shuffle_quality(quality_reader, KEY, seed=cfg.seed),
-            "batches_shuffle_true": shuffle_quality(
-                t.batches(columns=[KEY], batch_size=BATCH, shuffle=True, seed=cfg.seed, with_locator=True), KEY, seed=cfg.seed
-            ),
-        }
+        quality: dict[str, Any] = {}
+        for interleave in (8, 16):
+            per_epoch = []
+            for epoch in range(QUALITY_EPOCHS):
+                reader = TrainingReader(t, columns=[KEY], batch_size=BATCH, seed=cfg.seed, epoch=epoch,
+                                        interleave=interleave, with_locator=True)
+                per_epoch.append(shuffle_quality(reader, KEY, seed=cfg.seed + epoch))
+            quality[f"training_reader_interleave{interleave}"] = _summarize_quality(per_epoch)
+        quality["batches_shuffle_true"] = shuffle_quality(
+            t.batches(columns=[KEY], batch_size=BATCH, shuffle=True, seed=cfg.seed, with_locator=True), KEY, seed=cfg.seed
+        )
         units = len(shuffled.units)
         torch_loop = _torch_loop(cfg, Lake(wd / "lake"))
 
@@ -202,6 +227,7 @@ def run(cfg: Config) -> dict[str, Any]:
         "batches_over_pyarrow_paired": paired_ratio(timings["pyarrow_dataset"], timings["batches"]),
         "shuffled_over_pyarrow_paired": paired_ratio(timings["pyarrow_dataset"], timings["training_shuffled"]),
         "shuffled_over_batches_cpu_paired": paired_ratio(cpu["batches"], cpu["training_shuffled"]),
+        "shuffled_sync_over_batches_paired": paired_ratio(timings["batches"], timings["training_shuffled_sync"]),
     }
     goals = [
         goal("shuffled training reader / unshuffled batches (throughput, paired median)",
@@ -221,6 +247,7 @@ def run(cfg: Config) -> dict[str, Any]:
             "rows_per_s from the best repetition; ratios are paired medians (throughput, higher = first reader faster)",
             "training_shuffled_2proc forks 2 processes that each read half the epoch (the machine has 2 shared cores)",
             "shuffle quality: 'reader' is the stream as read, 'random' the same rows fully permuted and cut at the same batch sizes",
+            f"training reader quality over epochs 0..{QUALITY_EPOCHS - 1}; interleave 8 is the default, 16 opens every unit of this table at once",
             f"reader defaults: shuffle_buffer={shuffled.shuffle_buffer} rows, interleave={shuffled.interleave} units at once",
         ],
     }
@@ -236,7 +263,7 @@ def _summary(result: dict[str, Any], path) -> None:
     for name, v in result["ratios"].items():
         print(f"  {name:<40} {v}")
     for name, q in result["shuffle_quality"].items():
-        print(f"  quality {name:<22} reader {q['reader']}  random {q['random']}")
+        print(f"  quality {name:<34} reader {q['reader']}  random {q['random']}")
     loop = result["torch_training_loop"]
     if "skipped" in loop:
         print(f"  torch loop: skipped ({loop['skipped']})")

@@ -40,9 +40,11 @@ How:
 * **Speed.** Each open unit decodes in chunks of up to 65,536 rows (large
   reads decode cheaply); a window is permuted with one gather (no per-batch
   ``take``, no per-row Python) and batches are zero-copy slices of it (see
-  ``featurelake.shuffle``). One thread reads the next window while this one
-  is consumed; memory holds about ``interleave`` decoded chunks and two
-  windows.
+  ``featurelake.shuffle``). ``prefetch`` windows (default 1) are read ahead
+  on one thread while the consumer works; ``prefetch=0`` reads in the
+  consumer's thread (Arrow still decodes a chunk's columns in parallel), which
+  can win when data-loader workers already fill the cores. Memory holds about
+  ``interleave`` decoded chunks and ``1 + prefetch`` windows.
 
 The pieces live in ``featurelake.shuffle`` (units, shards, windows, quality)
 and ``featurelake.sampling``; this module is the reader and its position.
@@ -53,6 +55,7 @@ with them shards are balanced in source rows, not in rows emitted.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -112,6 +115,7 @@ class TrainingReader:
         worker_id: int = 0,
         num_workers: int = 1,
         even_batches: bool = False,
+        prefetch: int = 1,
     ) -> None:
         _check_int("batch_size", batch_size, 1)
         _check_int("shuffle_buffer", shuffle_buffer, 1)
@@ -119,6 +123,7 @@ class TrainingReader:
         _check_int("world_size", world_size, 1)
         _check_int("epoch", epoch, 0)
         _check_int("seed", seed, 0)
+        _check_int("prefetch", prefetch, 0)
         if not isinstance(rank, int) or not 0 <= rank < world_size:
             raise FeatureLakeError(f"rank must be in [0, world_size={world_size}), got {rank!r}")
         if sample is not None and not (isinstance(sample, (int, float)) and 0.0 < sample <= 1.0):
@@ -136,6 +141,7 @@ class TrainingReader:
             )
         self.table = table
         self.even_batches = bool(even_batches)
+        self.prefetch = prefetch
         self.batch_size = batch_size
         self.shuffle = bool(shuffle)
         self.seed = seed
@@ -322,24 +328,24 @@ class TrainingReader:
         g, _ = self.global_worker
         rest: list[pa.RecordBatch] = []  # rows waiting for the next batch (from earlier windows)
         rest_rows, rest_end = 0, (0, 0)
-        with ThreadPoolExecutor(1, thread_name_prefix="featurelake-train") as pool:
-            # One thread reads the next window (decode, sample, permute) while this one is consumed. More
-            # threads (the pieces decoded in parallel, the gather a stage of its own) cost more than they
-            # gained on a shared 2-core machine: every hand-off waits for a core.
+        pool = ThreadPoolExecutor(1, thread_name_prefix="featurelake-train") if self.prefetch else None
+        with pool or nullcontext():
             reader = WindowReader(self, units, epoch, g)
             futures: dict[int, Any] = {}
 
-            def ahead(w: int) -> None:
-                for v in (w, w + 1):
-                    if v < len(plan) and v not in futures:
+            def window(w: int) -> tuple[pa.RecordBatch | None, np.ndarray]:
+                if pool is None:
+                    return reader.read(plan[w], w)
+                for v in range(w, min(len(plan), w + 1 + self.prefetch)):
+                    if v not in futures:
                         futures[v] = pool.submit(reader.read, plan[v], v)
+                return futures.pop(w).result()
 
             try:
                 for w in range(start_window, len(plan)):
                     if limit is not None and self.batches_emitted >= limit:
                         break
-                    ahead(w)
-                    rows, ranks = futures.pop(w).result()
+                    rows, ranks = window(w)
                     if rows is not None and w == start_window and start_offset:
                         cut = int(np.searchsorted(ranks, start_offset))  # ranks increase: keep the rest
                         rows, ranks = rows.slice(cut), ranks[cut:]

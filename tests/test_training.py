@@ -132,6 +132,7 @@ def test_shuffle_is_deterministic_per_seed_and_epoch(samples):
 
     first = order(seed=1, epoch=0)
     assert first == order(seed=1, epoch=0)
+    assert first == order(seed=1, epoch=0, prefetch=0) == order(seed=1, epoch=0, prefetch=3)  # reading ahead or not changes nothing
     assert sorted(first) == sorted(order(seed=1, epoch=1))
     assert first != order(seed=1, epoch=1)
     assert first != order(seed=2, epoch=0)
@@ -209,7 +210,7 @@ def test_resume_at_random_point_gives_exactly_the_rest(samples, case):
     if case == "unshuffled":
         kw.update(shuffle=False, shuffle_buffer=128)
     if case == "sharded":
-        kw.update(rank=1, world_size=3, worker_id=1, num_workers=2)
+        kw.update(rank=1, world_size=3, worker_id=1, num_workers=2, prefetch=0)
     if case == "even":
         kw.update(rank=2, world_size=3, worker_id=0, num_workers=2, even_batches=True)
     full = keys_of(TrainingReader(samples, **kw))
