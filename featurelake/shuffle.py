@@ -17,7 +17,9 @@ ints (see ``featurelake.training``).
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from threading import Lock
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -106,7 +108,8 @@ class WindowReader:
     over).
     """
 
-    def __init__(self, reader: "TrainingReader", units: list[Unit], epoch: int, worker: int) -> None:
+    def __init__(self, reader: "TrainingReader", units: list[Unit], epoch: int, worker: int,
+                 pool: ThreadPoolExecutor | None = None) -> None:
         self.r = reader
         self.units = units
         self.epoch = epoch
@@ -114,13 +117,16 @@ class WindowReader:
         self.streams: dict[int, Iterator[tuple[pa.RecordBatch, np.ndarray, int]]] = {}
         self.carry: dict[int, tuple[pa.RecordBatch, np.ndarray, int]] = {}
         self.layers: dict[int, list] = {}
+        self.pool = pool
+        self._lock = Lock()
         self.chunk = max(DECODE_ROWS, -(-reader.shuffle_buffer // reader.interleave))
         self.output_schema: pa.Schema | None = None
 
     def _layers(self, task_index: int) -> list:
-        if task_index not in self.layers:
-            self.layers[task_index] = self.r.scan.layers_for(self.r.tasks[task_index].file.file_path)
-        return self.layers[task_index]
+        with self._lock:
+            if task_index not in self.layers:
+                self.layers[task_index] = self.r.scan.layers_for(self.r.tasks[task_index].file.file_path)
+            return self.layers[task_index]
 
     def _stream(self, slot: int, start: int) -> Iterator[tuple[pa.RecordBatch, np.ndarray, int]]:
         if slot not in self.streams:
@@ -160,7 +166,14 @@ class WindowReader:
 
     def read(self, window: list[Piece], w: int) -> tuple[pa.RecordBatch | None, np.ndarray]:
         """One window's kept rows in emission order (None when none), and each one's rank in the window's order."""
-        pieces = [self._piece(p) for p in window]
+        # The pieces that open a unit decode its first chunk: those (most of the work, every
+        # ``interleave``-th window) decode in parallel; slices of chunks decoded before need no hand-off.
+        fresh = [p for p in window if p.slot not in self.carry]
+        if self.pool is not None and len(fresh) > 1:
+            decoded = dict(zip((p.slot for p in fresh), self.pool.map(self._piece, fresh)))
+            pieces = [decoded[p.slot] if p.slot in decoded else self._piece(p) for p in window]
+        else:
+            pieces = [self._piece(p) for p in window]
         r = self.r
         parts, local, uniforms_of = [], [], []
         offset = 0
