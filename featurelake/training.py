@@ -43,9 +43,9 @@ How:
   ``featurelake.shuffle``). ``prefetch`` windows (default 1) are read ahead
   on one thread while the consumer works, and the units a window opens decode
   their first chunks on two threads; ``prefetch=0`` reads in the consumer's
-  thread. (Measured here, paired with ``batches``: 0.82-0.84x with both, 0.56-
-  0.58x single-threaded.) Memory holds about ``interleave`` decoded chunks and
-  ``1 + prefetch`` windows.
+  thread. (Of the layouts tried on a shared 2-core machine, this one read
+  fastest; fully single-threaded was slowest.) Memory holds about
+  ``interleave`` decoded chunks and ``1 + prefetch`` windows.
 
 The pieces live in ``featurelake.shuffle`` (units, shards, windows, quality)
 and ``featurelake.sampling``; this module is the reader and its position.
