@@ -4,7 +4,10 @@ Setup: the wide benchmark table (``sample_id`` + float features, ``files``
 data files). Every reader streams one full epoch of all columns in batches of
 ``BATCH`` rows and the consumer only counts rows:
 
-* ``training_shuffled``: ``TrainingReader`` (shuffle on, one worker);
+* ``training_shuffled``: ``TrainingReader`` (shuffle on, one worker; the
+  default reads one window ahead on a thread);
+* ``training_shuffled_sync``: the same with ``prefetch=0`` (windows read in the
+  consumer's thread);
 * ``training_shuffled_2proc``: the same reader split over 2 forked worker
   processes (``worker_id`` 0 and 1 of 2, as ``DataLoader(num_workers=2)``
   does), timed until both finish;
@@ -12,8 +15,18 @@ data files). Every reader streams one full epoch of all columns in batches of
 * ``batches``: ``t.batches(batch_size=BATCH)`` (unshuffled);
 * ``pyarrow_dataset``: ``pyarrow.dataset.dataset(files).to_batches(batch_size=BATCH)``.
 
-Repetitions are interleaved; ratios are paired medians (each repetition's two
-readers ran back to back). Shuffle quality (distinct source files per batch,
+Repetitions are interleaved; ratios are paired medians. The goal's pair
+(``training_shuffled`` and ``batches``) runs back to back at the start of each
+repetition, in alternating order, so load that drifts over a repetition cancels. The CPU seconds of the in-process readers are
+recorded too: on a shared machine they say what each read costs when the wall
+clock is noisy.
+
+A real PyTorch training loop (when torch is installed): the synthetic
+impressions (8 float features, ``click``), ``TrainingDataset`` through
+``DataLoader(num_workers=2)``, a two-layer model (8-16-1, Adam, weighted BCE),
+one epoch per repetition on CPU, ``torch.set_num_threads(1)``. Reported: rows/s of the loader alone, of the
+whole loop (read, tensors, forward, backward, step), and the loss of the first
+and last batches. Shuffle quality (distinct source files per batch,
 correlation of stream position with key) is measured for the reader, for the
 old ``batches(shuffle=True)`` and for a full random permutation of the rows.
 """
@@ -22,6 +35,7 @@ from __future__ import annotations
 import multiprocessing as mp
 from typing import Any, Callable
 
+import numpy as np
 import pyarrow.dataset as pads
 
 from benchmarks.common import (
@@ -40,9 +54,33 @@ from benchmarks.common import (
 )
 
 NAME = "training"
-DEFAULT_REPEAT = 5
+DEFAULT_REPEAT = 7
 BATCH = 1024
 GOAL_SHUFFLED_OVER_UNSHUFFLED = 0.8
+
+
+QUALITY_EPOCHS = 3
+
+
+def _summarize_quality(per_epoch: list[dict[str, Any]]) -> dict[str, Any]:
+    """Quality over several epochs: the correlation of one epoch is mostly the luck of its unit order."""
+    out: dict[str, Any] = {"rows": per_epoch[0]["rows"], "batches": per_epoch[0]["batches"], "epochs": len(per_epoch)}
+    for side in ("reader", "random"):
+        out[side] = {
+            "position_key_correlation_per_epoch": [q[side].get("position_key_correlation") for q in per_epoch],
+            "mean_abs_position_key_correlation": round(float(np.mean([abs(q[side]["position_key_correlation"]) for q in per_epoch])), 4),
+            "distinct_sources_per_batch": round(float(np.mean([q[side]["distinct_sources_per_batch"] for q in per_epoch])), 3),
+        }
+    return out
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and of its children that have finished."""
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def _count(batches) -> int:
@@ -67,6 +105,75 @@ def _forked(reader, workers: int) -> int:
     return rows
 
 
+TORCH_FEATURES = [f"f{i}" for i in range(8)]
+TORCH_BATCH = 1024
+
+
+def _torch_loop(cfg: Config, lake) -> dict[str, Any]:
+    """Rows/s of a DataLoader-fed two-layer model on the synthetic impressions; the loss must fall."""
+    try:
+        import torch
+        from featurelake.torch import TrainingDataset
+    except ImportError as e:
+        return {"skipped": f"torch is not installed ({e}); `make test-torch` installs featurelake[torch]"}
+    from featurelake.synthetic import impressions_schema, impressions_table
+
+    rows = 40_000 if cfg.quick else min(cfg.rows, 1_000_000)
+    t = lake.create_table("bench.impressions", impressions_schema(), primary_key="sample_id")
+    files = 4 if cfg.quick else 8
+    table = impressions_table(rows, days=files, seed=cfg.seed)
+    for i in range(files):  # one data file per day
+        t.append(table.slice(i * rows // files, (i + 1) * rows // files - i * rows // files))
+    data = TrainingDataset(t, columns=TORCH_FEATURES + ["click"], batch_size=TORCH_BATCH, seed=cfg.seed)
+    loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=2, persistent_workers=False)
+    torch.manual_seed(cfg.seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    losses: list[float] = []
+
+    def train_epoch() -> int:
+        n = 0
+        for b in loader:
+            x = torch.nan_to_num(torch.stack([b[f] for f in TORCH_FEATURES], dim=1))
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(model(x).squeeze(1), b["click"].float())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            n += len(x)
+        return n
+
+    def load_epoch() -> int:
+        return sum(len(b["click"]) for b in loader)
+
+    timings = {"torch_loader_2workers": Timing(), "torch_training_loop_2workers": Timing()}
+    threads = torch.get_num_threads()
+    # One intra-op thread: the two loader workers have the other core, and a tiny model gains nothing from
+    # more; with 2 threads on this shared 2-core machine a step took 26 ms instead of 1.3 (OpenMP waits).
+    torch.set_num_threads(1)
+    try:
+        for rep in range(cfg.repeat):
+            data.set_epoch(rep)
+            _, n_load = timed(load_epoch, timings["torch_loader_2workers"])
+            _, n_train = timed(train_epoch, timings["torch_training_loop_2workers"])
+            if n_load != n_train:
+                raise AssertionError(f"the loader gave {n_load} rows, the loop trained on {n_train}")
+    finally:
+        torch.set_num_threads(threads)
+    first, last = float(np.mean(losses[:10])), float(np.mean(losses[-10:]))
+    if not last < first:
+        raise AssertionError(f"the loss did not fall: {first:.4f} -> {last:.4f}")
+    return {
+        "rows": n_train,
+        "batch_size": TORCH_BATCH,
+        "rates": {k: {**tm.as_dict(), "rows_per_s": round(n_train / tm.median)} for k, tm in timings.items()},
+        "loss_first_10_batches": round(first, 4),
+        "loss_last_10_batches": round(last, 4),
+        "torch": torch.__version__,
+        "torch_threads": 1,
+    }
+
+
 def run(cfg: Config) -> dict[str, Any]:
     from featurelake.training import TrainingReader, shuffle_quality
 
@@ -77,37 +184,54 @@ def run(cfg: Config) -> dict[str, Any]:
         t = build_wide_table(Lake(wd / "lake"), "bench.wide", cfg)
         paths = data_file_paths(t.iceberg)
         shuffled = TrainingReader(t, batch_size=BATCH, seed=cfg.seed)
+        sync = TrainingReader(t, batch_size=BATCH, seed=cfg.seed, prefetch=0)
         readers: dict[str, Callable[[], int]] = {
             "training_shuffled": lambda: _count(shuffled),
+            "training_shuffled_sync": lambda: _count(sync),
             "training_shuffled_2proc": lambda: _forked(shuffled, 2),
             "training_unshuffled": lambda: _count(TrainingReader(t, batch_size=BATCH, shuffle=False)),
             "batches": lambda: _count(t.batches(batch_size=BATCH)),
             "pyarrow_dataset": lambda: _count(pads.dataset(paths, format="parquet").to_batches(batch_size=BATCH)),
         }
         timings = {name: Timing() for name in readers}
+        cpu = {name: Timing() for name in readers}
         for rep in range(cfg.repeat):
             shuffled.set_epoch(rep)
-            for name, fn in readers.items():
+            sync.set_epoch(rep)
+            # the goal's pair runs back to back, in alternating order (ABBA), so drifting load cancels
+            pair = ["batches", "training_shuffled"] if rep % 2 == 0 else ["training_shuffled", "batches"]
+            for name in pair + [n for n in readers if n not in pair]:
+                fn = readers[name]
+                c0 = _cpu()
                 _, rows = timed(fn, timings[name])
+                cpu[name].add(_cpu() - c0)
                 if rows != cfg.rows:
                     raise AssertionError(f"{name} read {rows} rows, expected {cfg.rows}")
 
-        quality_reader = TrainingReader(t, columns=[KEY], batch_size=BATCH, seed=cfg.seed, with_locator=True)
-        quality = {
-            "training_reader": shuffle_quality(quality_reader, KEY, seed=cfg.seed),
-            "batches_shuffle_true": shuffle_quality(
-                t.batches(columns=[KEY], batch_size=BATCH, shuffle=True, seed=cfg.seed, with_locator=True), KEY, seed=cfg.seed
-            ),
-        }
+        quality: dict[str, Any] = {}
+        for interleave in (8, 16):
+            per_epoch = []
+            for epoch in range(QUALITY_EPOCHS):
+                reader = TrainingReader(t, columns=[KEY], batch_size=BATCH, seed=cfg.seed, epoch=epoch,
+                                        interleave=interleave, with_locator=True)
+                per_epoch.append(shuffle_quality(reader, KEY, seed=cfg.seed + epoch))
+            quality[f"training_reader_interleave{interleave}"] = _summarize_quality(per_epoch)
+        quality["batches_shuffle_true"] = shuffle_quality(
+            t.batches(columns=[KEY], batch_size=BATCH, shuffle=True, seed=cfg.seed, with_locator=True), KEY, seed=cfg.seed
+        )
         units = len(shuffled.units)
+        torch_loop = _torch_loop(cfg, Lake(wd / "lake"))
 
-    rates = {name: {**tm.as_dict(), "rows_per_s": round(cfg.rows / tm.best)} for name, tm in timings.items()}
+    rates = {name: {**tm.as_dict(), "rows_per_s": round(cfg.rows / tm.best), "median_rows_per_s": round(cfg.rows / tm.median),
+                    "cpu_s_median": round(cpu[name].median, 4)} for name, tm in timings.items()}
     ratios = {
         "shuffled_over_batches_paired": paired_ratio(timings["batches"], timings["training_shuffled"]),
         "shuffled_over_unshuffled_reader_paired": paired_ratio(timings["training_unshuffled"], timings["training_shuffled"]),
         "shuffled_2proc_over_batches_paired": paired_ratio(timings["batches"], timings["training_shuffled_2proc"]),
         "batches_over_pyarrow_paired": paired_ratio(timings["pyarrow_dataset"], timings["batches"]),
         "shuffled_over_pyarrow_paired": paired_ratio(timings["pyarrow_dataset"], timings["training_shuffled"]),
+        "shuffled_over_batches_cpu_paired": paired_ratio(cpu["batches"], cpu["training_shuffled"]),
+        "shuffled_sync_over_batches_paired": paired_ratio(timings["batches"], timings["training_shuffled_sync"]),
     }
     goals = [
         goal("shuffled training reader / unshuffled batches (throughput, paired median)",
@@ -120,11 +244,14 @@ def run(cfg: Config) -> dict[str, Any]:
         "rates": rates,
         "ratios": ratios,
         "shuffle_quality": quality,
+        "torch_training_loop": torch_loop,
         "goals": goals,
         "notes": [
+            "cpu_s_median: CPU seconds of this process and its finished children per epoch (the forked run counts its children)",
             "rows_per_s from the best repetition; ratios are paired medians (throughput, higher = first reader faster)",
             "training_shuffled_2proc forks 2 processes that each read half the epoch (the machine has 2 shared cores)",
             "shuffle quality: 'reader' is the stream as read, 'random' the same rows fully permuted and cut at the same batch sizes",
+            f"training reader quality over epochs 0..{QUALITY_EPOCHS - 1}; interleave 8 is the default, 16 opens every unit of this table at once",
             f"reader defaults: shuffle_buffer={shuffled.shuffle_buffer} rows, interleave={shuffled.interleave} units at once",
         ],
     }
@@ -140,6 +267,13 @@ def _summary(result: dict[str, Any], path) -> None:
     for name, v in result["ratios"].items():
         print(f"  {name:<40} {v}")
     for name, q in result["shuffle_quality"].items():
-        print(f"  quality {name:<22} reader {q['reader']}  random {q['random']}")
+        print(f"  quality {name:<34} reader {q['reader']}  random {q['random']}")
+    loop = result["torch_training_loop"]
+    if "skipped" in loop:
+        print(f"  torch loop: skipped ({loop['skipped']})")
+    else:
+        for name, r in loop["rates"].items():
+            print(f"  {name:<30} {fmt_rate(r['rows_per_s'])} (median epoch)")
+        print(f"  loss {loop['loss_first_10_batches']} -> {loop['loss_last_10_batches']}")
     print_goals(result["goals"])
     print(f"  -> {path}")

@@ -52,6 +52,27 @@ def test_dataloader_workers_cover_every_row_once(impressions, world_size):
     assert sorted(got) == expected
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_even_batches_give_ddp_ranks_equal_batch_counts(impressions, num_workers):
+    """Under DDP every rank must run the same number of steps, or the ranks that finish first hang the rest."""
+    expected = impressions.read(columns=["sample_id"]).column("sample_id").to_pylist()
+    counts, got, dropped = [], [], 0
+    for rank in range(3):
+        ds = TrainingDataset(impressions, columns=["sample_id"], batch_size=256, rank=rank, world_size=3,
+                             even_batches=True, shuffle_buffer=1024)
+        batches = list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=num_workers))
+        assert all(len(b["sample_id"]) == 256 for b in batches)
+        counts.append(len(batches))
+        got += _ids(batches)
+        for w in range(max(1, num_workers)):
+            ds.reader.set_worker(w, max(1, num_workers))
+            dropped += ds.reader.dropped_rows()
+    per_worker = (len(expected) // (3 * max(1, num_workers))) // 256
+    assert counts == [per_worker * max(1, num_workers)] * 3
+    assert len(set(got)) == len(got) and set(got) <= set(expected)
+    assert len(got) + dropped == len(expected)
+
+
 def test_padded_and_jagged_lists(impressions):
     oracle = impressions.read(columns=["sample_id", "clicked_items", "context"]).slice(0, 300)
     batch = oracle.to_batches()[0].slice(0, 300) if oracle.num_rows else None
@@ -77,6 +98,19 @@ def test_padded_and_jagged_lists(impressions):
     bag = torch.nn.EmbeddingBag(int(jagged["clicked_items_values"].max()) + 1, 4, mode="sum")
     assert bag(jagged["clicked_items_values"], jagged["clicked_items_offsets"][:-1]).shape == (300, 4)
     assert jagged["context_slot_values"].tolist() == [e["slot"] for x in context for e in x]
+
+
+def test_worker_batches_travel_as_one_shared_buffer_with_the_same_values(impressions):
+    from featurelake.torch import _one_storage
+
+    batch = impressions.read(columns=["sample_id", "click", "f0", "clicked_items"]).slice(0, 300).combine_chunks().to_batches()[0]
+    tensors = to_tensors(batch)
+    packed = _one_storage(tensors)
+    assert packed.keys() == tensors.keys()
+    for k, v in tensors.items():
+        assert packed[k].dtype == v.dtype and packed[k].shape == v.shape
+        assert torch.equal(torch.nan_to_num(packed[k].float(), -7.0), torch.nan_to_num(v.float(), -7.0)), k
+    assert len({v.untyped_storage().data_ptr() for v in packed.values()}) == 1
 
 
 def test_stateful_dataloader_resumes_without_repeating_or_skipping(impressions):

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from backends import both_backends
@@ -87,12 +88,51 @@ def test_sharding_reads_every_row_once(samples, world_size, loader_workers):
     assert max(batches) - min(batches) <= 1
 
 
+@pytest.mark.parametrize("world_size", [1, 2, 3, 8])
+@pytest.mark.parametrize("loader_workers", [0, 1, 2])
+def test_even_batches_give_every_rank_the_same_count_and_account_for_dropped_rows(samples, world_size, loader_workers):
+    """DDP: with even_batches every worker of every rank yields the same number of full batches; no row
+    repeats, and exactly the rows dropped (the tail of each worker's shuffled share) are missing."""
+    oracle = samples.read(columns=["k", "x"]).sort_by("k")
+    workers = max(1, loader_workers)
+    kw = dict(columns=["k", "x"], batch_size=64, seed=5, epoch=2, world_size=world_size, num_workers=workers,
+              shuffle_buffer=256, interleave=3)
+    expected_batches = (oracle.num_rows // (world_size * workers)) // 64
+    got, dropped, counts = [], 0, []
+    for rank in range(world_size):
+        for w in range(workers):
+            even = TrainingReader(samples, rank=rank, worker_id=w, even_batches=True, **kw)
+            out = list(even)
+            counts.append(len(out))
+            assert all(b.num_rows == 64 for b in out)
+            # the same stream as without even_batches, cut after the common batch count
+            full = keys_of(TrainingReader(samples, rank=rank, worker_id=w, **kw))
+            assert keys_of(out) == full[: 64 * expected_batches]
+            assert even.dropped_rows() == len(full) - 64 * expected_batches < 64 + 1
+            dropped += even.dropped_rows()
+            got.extend(out)
+    assert counts == [expected_batches] * (world_size * workers)
+    table = pa.Table.from_batches(got)
+    keys = table.column("k").to_numpy()
+    assert len(np.unique(keys)) == len(keys)  # nothing repeated
+    assert len(keys) + dropped == oracle.num_rows  # the missing rows are exactly the dropped ones
+    picked = oracle.filter(pc.is_in(oracle.column("k"), pa.array(keys)))
+    assert table.sort_by("k").equals(picked)  # with their merged values
+
+
+def test_even_batches_refuse_row_counts_known_only_after_reading(samples):
+    for kw in ({"filter": "x > 0"}, {"sample": 0.5}, {"label_column": "label", "label_rates": {0: 0.5}}):
+        with pytest.raises(FeatureLakeError, match="even_batches"):
+            TrainingReader(samples, even_batches=True, **kw)
+
+
 def test_shuffle_is_deterministic_per_seed_and_epoch(samples):
     def order(**kw):
         return keys_of(TrainingReader(samples, columns=["k"], batch_size=100, shuffle_buffer=512, **kw))
 
     first = order(seed=1, epoch=0)
     assert first == order(seed=1, epoch=0)
+    assert first == order(seed=1, epoch=0, prefetch=0) == order(seed=1, epoch=0, prefetch=3)  # reading ahead or not changes nothing
     assert sorted(first) == sorted(order(seed=1, epoch=1))
     assert first != order(seed=1, epoch=1)
     assert first != order(seed=2, epoch=0)
@@ -162,7 +202,7 @@ def test_label_rates_keep_negatives_with_weights(samples):
     assert out.weight.dtype == np.float32
 
 
-@pytest.mark.parametrize("case", ["plain", "filtered-sampled", "unshuffled", "sharded"])
+@pytest.mark.parametrize("case", ["plain", "filtered-sampled", "unshuffled", "sharded", "even"])
 def test_resume_at_random_point_gives_exactly_the_rest(samples, case):
     kw = {"columns": ["k", "x"], "batch_size": 50, "seed": 4, "shuffle_buffer": 400, "interleave": 3}
     if case == "filtered-sampled":
@@ -170,7 +210,9 @@ def test_resume_at_random_point_gives_exactly_the_rest(samples, case):
     if case == "unshuffled":
         kw.update(shuffle=False, shuffle_buffer=128)
     if case == "sharded":
-        kw.update(rank=1, world_size=3, worker_id=1, num_workers=2)
+        kw.update(rank=1, world_size=3, worker_id=1, num_workers=2, prefetch=0)
+    if case == "even":
+        kw.update(rank=2, world_size=3, worker_id=0, num_workers=2, even_batches=True)
     full = keys_of(TrainingReader(samples, **kw))
     rng = np.random.default_rng(len(case))
     for stop in [0, int(rng.integers(1, len(full) // 50)), len(full) // 50 - 1]:

@@ -1,0 +1,268 @@
+"""The order a training reader reads and emits rows in: units, shards, shuffle windows, and its quality.
+
+Why: a shuffle that trains well mixes rows of many files into every batch, yet
+a reader must stream (bounded memory), shard exactly over workers, and resume
+at an exact row. Everything here is a function of metadata and
+``(seed, epoch, worker, window)``, so the position in the stream is a pair of
+ints (see ``featurelake.training``).
+
+* :func:`shard` cuts the permuted units (row groups) of a snapshot into equal
+  contiguous shares, one per global worker.
+* :func:`windows` groups a worker's share into shuffle windows: ``interleave``
+  units open at once, one slice of each per window.
+* :class:`WindowReader` reads the windows in order, one slice of every open
+  unit, and hands back each window's kept rows permuted, as one contiguous
+  batch (one gather per window, no per-row Python).
+* :func:`shuffle_quality` measures a stream against a full random permutation.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from threading import Lock
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from featurelake.errors import FeatureLakeError
+from featurelake.sampling import keep_rows
+from featurelake.schema import LOCATOR_FILE
+
+if TYPE_CHECKING:
+    from featurelake.training import TrainingReader
+
+# Rows decoded per read of an open unit: large reads decode far cheaper per row than small ones.
+DECODE_ROWS = 65_536
+
+
+@dataclass(frozen=True)
+class Unit:
+    """Rows [start, stop) of one data file (``task`` indexes the reader's planned files)."""
+
+    task: int
+    start: int
+    stop: int
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Rows [start, stop) of the ``slot``-th unit of a worker's share, read into one window."""
+
+    slot: int
+    start: int
+    stop: int
+
+
+def shard(units: Sequence[Unit], workers: int, worker: int) -> list[Unit]:
+    """The rows of ``units`` (laid end to end) that global worker ``worker`` of ``workers`` reads.
+
+    Cut points are ``g * total // workers``: shares differ by at most one row.
+    """
+    total = sum(u.rows for u in units)
+    lo, hi = worker * total // workers, (worker + 1) * total // workers
+    out, offset = [], 0
+    for u in units:
+        a, b = max(lo, offset), min(hi, offset + u.rows)
+        if b > a:
+            out.append(Unit(u.task, u.start + (a - offset), u.start + (b - offset)))
+        offset += u.rows
+        if offset >= hi:
+            break
+    return out
+
+
+def windows(units: Sequence[Unit], interleave: int, buffer: int) -> Iterator[list[Piece]]:
+    """The windows a worker reads its units in: ``interleave`` units open, a slice of each per window."""
+    per = max(1, -(-buffer // interleave))
+    active: list[list[int]] = []  # [slot, next row]
+    queue = 0
+    while True:
+        while len(active) < interleave and queue < len(units):
+            active.append([queue, units[queue].start])
+            queue += 1
+        if not active:
+            return
+        window = []
+        for slot in active:
+            unit = units[slot[0]]
+            stop = min(unit.stop, slot[1] + per)
+            window.append(Piece(slot[0], slot[1], stop))
+            slot[1] = stop
+        active = [s for s in active if s[1] < units[s[0]].stop]
+        yield window
+
+
+class WindowReader:
+    """Reads the windows of one worker's share, in order; keeps each open unit's stream between windows.
+
+    ``read(window, w)`` returns the window's kept rows in emission order as
+    one batch, and each row's rank in the window's permutation (increasing):
+    a reader resumed at ``(w, rank)`` re-reads window ``w`` and keeps the
+    rows from that rank on. Windows must be read in order (streams carry
+    over).
+    """
+
+    def __init__(self, reader: "TrainingReader", units: list[Unit], epoch: int, worker: int,
+                 pool: ThreadPoolExecutor | None = None) -> None:
+        self.r = reader
+        self.units = units
+        self.epoch = epoch
+        self.worker = worker
+        self.streams: dict[int, Iterator[tuple[pa.RecordBatch, np.ndarray, int]]] = {}
+        self.carry: dict[int, tuple[pa.RecordBatch, np.ndarray, int]] = {}
+        self.layers: dict[int, list] = {}
+        self.pool = pool
+        self._lock = Lock()
+        self.chunk = max(DECODE_ROWS, -(-reader.shuffle_buffer // reader.interleave))
+        self.output_schema: pa.Schema | None = None
+
+    def _layers(self, task_index: int) -> list:
+        with self._lock:
+            if task_index not in self.layers:
+                self.layers[task_index] = self.r.scan.layers_for(self.r.tasks[task_index].file.file_path)
+            return self.layers[task_index]
+
+    def _stream(self, slot: int, start: int) -> Iterator[tuple[pa.RecordBatch, np.ndarray, int]]:
+        if slot not in self.streams:
+            unit = self.units[slot]
+            task = self.r.tasks[unit.task]
+            self.streams[slot] = self.r.scan.read_range(task, start, unit.stop, layers=self._layers(unit.task),
+                                                        batch_size=self.chunk)
+        return self.streams[slot]
+
+    def _piece(self, piece: Piece) -> tuple[list[pa.RecordBatch], list[np.ndarray]]:
+        """The surviving rows of one piece and their file positions."""
+        batches, positions = [], []
+        chunk = self.carry.pop(piece.slot, None)
+        stream = self._stream(piece.slot, piece.start)
+        end = piece.start
+        while True:
+            if chunk is None:
+                if end >= piece.stop:
+                    break
+                chunk = next(stream, None)
+                if chunk is None:
+                    break
+            batch, pos, end = chunk
+            chunk = None
+            if end > piece.stop:  # the chunk runs into the next piece: keep the rest for it
+                cut = int(np.searchsorted(pos, piece.stop))
+                self.carry[piece.slot] = (batch.slice(cut), pos[cut:], end)
+                batch, pos = batch.slice(0, cut), pos[:cut]
+                end = piece.stop
+            if batch.num_rows:
+                batches.append(batch)
+                positions.append(pos)
+        if piece.stop >= self.units[piece.slot].stop:
+            self.streams.pop(piece.slot, None)
+            self.carry.pop(piece.slot, None)
+        return batches, positions
+
+    def read(self, window: list[Piece], w: int) -> tuple[pa.RecordBatch | None, np.ndarray]:
+        """One window's kept rows in emission order (None when none), and each one's rank in the window's order."""
+        # The pieces that open a unit decode its first chunk: those (most of the work, every
+        # ``interleave``-th window) decode in parallel; slices of chunks decoded before need no hand-off.
+        fresh = [p for p in window if p.slot not in self.carry]
+        if self.pool is not None and len(fresh) > 1:
+            decoded = dict(zip((p.slot for p in fresh), self.pool.map(self._piece, fresh)))
+            pieces = [decoded[p.slot] if p.slot in decoded else self._piece(p) for p in window]
+        else:
+            pieces = [self._piece(p) for p in window]
+        r = self.r
+        parts, local, uniforms_of = [], [], []
+        offset = 0
+        for piece, (batches, positions) in zip(window, pieces):
+            task = self.units[piece.slot].task
+            for b, pos in zip(batches, positions):
+                parts.append(b)
+                local.append(offset + (pos - piece.start))
+                uniforms_of.append((task, pos))
+            offset += piece.stop - piece.start
+        if not parts:
+            return None, np.empty(0, np.int64)
+        rows = pa.Table.from_batches(parts, schema=parts[0].schema)
+        complete = rows.num_rows == offset  # no row filtered out: the local index is 0..offset-1
+        keep, weights = keep_rows(r, rows, uniforms_of)
+        if r.weight_column is not None:
+            rows = rows.append_column(pa.field(r.weight_column, pa.float32(), nullable=False), pa.array(weights))
+        if r._label_extra:
+            rows = rows.drop_columns(r._label_extra)
+        if r.shuffle:
+            perm = np.random.default_rng([r.seed, self.epoch, self.worker, w]).permutation(offset)
+            if complete and keep is None:
+                order, ranks = perm, np.arange(offset, dtype=np.int64)
+            else:  # walk the permutation, keeping the rows that are there
+                survivors = np.arange(rows.num_rows) if keep is None else np.flatnonzero(keep)
+                idx = np.concatenate(local)
+                row_of = np.full(offset, -1, np.int64)
+                row_of[idx[survivors]] = survivors
+                picked = row_of[perm]
+                found = picked >= 0
+                order, ranks = picked[found], np.flatnonzero(found)
+            rows = _gather(rows, order)
+        elif keep is not None:
+            survivors = np.flatnonzero(keep)
+            ranks = np.concatenate(local)[survivors].astype(np.int64)
+            rows = _gather(rows, survivors)
+        else:
+            ranks = np.concatenate(local).astype(np.int64)
+        if not rows.num_rows:
+            return None, ranks
+        batches = rows.combine_chunks().to_batches()
+        return (batches[0] if len(batches) == 1 else pa.concat_batches(batches)), ranks
+
+
+def _gather(rows: pa.Table, order: np.ndarray) -> pa.Table:
+    """``rows.take(order)`` for indices known to be in range: uint32 and no bounds check (a quarter cheaper)."""
+    index = order.astype(np.uint32) if len(order) and rows.num_rows < 1 << 32 else order
+    return pc.take(rows, pa.array(index), boundscheck=False)
+
+
+# ------------------------------------------------------------------- quality
+def shuffle_quality(batches: Iterable[pa.RecordBatch], key: str, source: str = LOCATOR_FILE, seed: int = 0) -> dict[str, Any]:
+    """How well ``batches`` are shuffled, next to a full random permutation of the same rows.
+
+    Two measures, for the batches as given (``reader``) and for the same rows
+    fully permuted and cut at the same batch sizes (``random``):
+
+    * ``distinct_sources_per_batch``: mean number of distinct ``source`` values
+      (data files) per batch; higher is better mixed.
+    * ``position_key_correlation``: Spearman correlation between a row's
+      position in the stream and its ``key``; 0 is ideal, 1 is file order.
+    """
+    keys, sources, sizes = [], [], []
+    for b in batches:
+        keys.append(b.column(key))
+        if source in b.schema.names:
+            sources.append(b.column(source))
+        sizes.append(b.num_rows)
+    if not sizes or not sum(sizes):
+        raise FeatureLakeError("shuffle_quality needs at least one row")
+    k = pa.chunked_array(keys).to_numpy()
+    s = pc.dictionary_encode(pa.chunked_array(sources)).combine_chunks().indices.to_numpy() if sources else None
+    perm = np.random.default_rng(seed).permutation(len(k))
+    return {
+        "rows": int(len(k)),
+        "batches": len(sizes),
+        "reader": _quality(k, s, sizes),
+        "random": _quality(k[perm], s[perm] if s is not None else None, sizes),
+    }
+
+
+def _quality(keys: np.ndarray, sources: np.ndarray | None, sizes: list[int]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    if len(keys) > 1:
+        key_rank = np.argsort(np.argsort(keys, kind="stable"), kind="stable").astype(np.float64)
+        c = np.corrcoef(np.arange(len(keys), dtype=np.float64), key_rank)[0, 1]
+        out["position_key_correlation"] = round(float(c), 4)
+    if sources is not None:
+        bounds = np.cumsum([0] + sizes)
+        distinct = [len(np.unique(sources[a:b])) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+        out["distinct_sources_per_batch"] = round(float(np.mean(distinct)), 3)
+    return out
