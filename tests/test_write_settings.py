@@ -172,3 +172,39 @@ def test_scan_order_of_a_past_snapshot_stays_its_read_order(lake):
         files = keys.column("_file").to_pylist()
         assert list(dict.fromkeys(files)) == list(order.files)
         assert [files.count(f) for f in order.files] == list(order.rows)
+
+
+def test_metadata_json_is_pyicebergs_document_for_every_commit_of_a_long_history(lake):
+    """The lake's catalog writes each schema's JSON once; every metadata file must still be exactly
+    the document pyiceberg would write (same keys and values) and parse back to the same metadata."""
+    import json
+
+    from pyiceberg.table.metadata import TableMetadataUtil
+
+    from featurelake.metadata_json import metadata_json
+
+    nested = pa.schema([*SCHEMA, pa.field("tags", pa.list_(pa.struct([pa.field("k", pa.string()), pa.field("v", pa.float64())]))),
+                        pa.field("m", pa.map_(pa.string(), pa.int64()))])
+    t = lake.create_table("ns.meta", nested, primary_key="id", partition_by=["day(ts)"])
+    rows = _rows(200)
+    rows = rows.append_column("tags", pa.array([[{"k": "a", "v": 1.0}]] * 200, nested.field("tags").type))
+    rows = rows.append_column("m", pa.array([[("x", 1)]] * 200, nested.field("m").type))
+    t.append(rows)
+    for i in range(6):  # a schema per new column, plus a soft delete (a rename) and an append between
+        order = t.scan_order()
+        t.add_column(f"c{i}", pa.array(np.full(order.total_rows, i, np.float32)), snapshot_id=order.snapshot_id)
+        if i == 2:
+            t.soft_delete_column("c0")
+        if i == 3:
+            t.append(_rows(10, 10_000, 1).append_column("tags", pa.nulls(10, nested.field("tags").type))
+                     .append_column("m", pa.nulls(10, nested.field("m").type)))
+    ice = t.refresh()
+    assert len(ice.metadata.schemas) >= 7
+    with open(ice.metadata_location.removeprefix("file://"), "rb") as f:
+        written = f.read()
+    parsed = TableMetadataUtil.parse_raw(written)
+    assert json.loads(written) == json.loads(parsed.model_dump_json())  # the file is pyiceberg's document
+    assert json.loads(metadata_json(parsed)) == json.loads(parsed.model_dump_json())
+    assert TableMetadataUtil.parse_raw(metadata_json(parsed)) == parsed
+    got = t.read(columns=["id", "c5"]).sort_by("id")
+    assert got.num_rows == 210 and set(got.column("c5").to_pylist()) == {5.0}
