@@ -14,8 +14,9 @@ wide feature tables, and it cannot be tuned per column:
 Here a column gets a dictionary only when a sample of its values repeats
 (low-cardinality features and strings keep theirs, which also makes reads
 smaller and faster), Parquet statistics are written only for the columns whose
-bounds the table keeps, partitions are cut from one stable sort (a batch of
-one day is written without any copy), and the files of one write are encoded
+bounds the table keeps, partitions are cut from one stable sort (a batch whose
+partitions are already contiguous, such as one day or days in a row, is
+written without any copy), and the files of one write are encoded
 in parallel. Files carry Iceberg field ids exactly as pyiceberg writes them.
 """
 from __future__ import annotations
@@ -143,13 +144,21 @@ def _partitions(meta: TableMetadata, rows: pa.Table) -> list[tuple[PartitionKey 
         n = len(encoded.dictionary) + 1
         codes = codes * n + idx
         uniques.append(encoded.dictionary.to_pylist() + [None])
-    distinct, first = np.unique(codes, return_index=True)
-    if len(distinct) == 1:
-        ordered, bounds = rows, [0, rows.num_rows]
+    distinct = np.unique(codes)
+    run_starts = np.flatnonzero(codes[1:] != codes[:-1]) + 1
+    if len(run_starts) + 1 == len(distinct):
+        # each partition's rows are already one run (one day, or days concatenated in any order):
+        # slices of the input, no copy
+        ordered = rows
+        starts = np.concatenate([[0], run_starts]).astype(np.int64)
+        ends = np.concatenate([run_starts, [rows.num_rows]]).astype(np.int64)
+        at = np.searchsorted(distinct, codes[starts])
+        spans = {int(i): (int(a), int(b)) for i, a, b in zip(at, starts, ends)}
     else:
         order = np.argsort(codes, kind="stable")
         ordered = rows.take(pa.array(order))
         bounds = np.searchsorted(codes[order], distinct).tolist() + [rows.num_rows]
+        spans = {i: (bounds[i], bounds[i + 1]) for i in range(len(distinct))}
     out = []
     for i, code in enumerate(distinct.tolist()):
         field_values = []
@@ -157,7 +166,8 @@ def _partitions(meta: TableMetadata, rows: pa.Table) -> list[tuple[PartitionKey 
             code, idx = divmod(code, len(u))
             field_values.append(PartitionFieldValue(field=field, value=u[idx]))
         key = PartitionKey(field_values=list(reversed(field_values)), partition_spec=spec, schema=schema)
-        out.append((key, ordered.slice(bounds[i], bounds[i + 1] - bounds[i])))
+        start, end = spans[i]
+        out.append((key, ordered.slice(start, end - start)))
     return out
 
 
