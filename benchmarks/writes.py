@@ -365,7 +365,8 @@ FEATURELAKE_PHASES = {
     "index segment write": ("featurelake/index.py", "extend", None),
     "platform state write (shards, root)": ("featurelake/state.py", "write", None),
     "manifests + manifest list + summary (pyiceberg snapshot producer)": ("pyiceberg/table/update/snapshot.py", "_commit", None),
-    "catalog commit: metadata.json serialise + write": ("pyiceberg/catalog/__init__.py", "_write_metadata", None),
+    # the lake's catalog writes metadata.json with featurelake.metadata_json (its own _write_metadata)
+    "catalog commit: metadata.json serialise + write": ("featurelake/lake.py", "_write_metadata", None),
     "catalog commit: SQLite transaction (fsync)": ("sqlalchemy/engine/default.py", "do_commit", None),
     "catalog commit: read current row + apply updates": ("pyiceberg/catalog/sql.py", "commit_table", None),
     "remember live files": ("featurelake/livefiles.py", "remember_files", None),
