@@ -23,7 +23,6 @@ Iceberg snapshot like any backfill (featurelake.updates).
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +37,8 @@ from featurelake.commit import cleanup_on_failure, delete_quietly, optimistic
 from featurelake.errors import InvalidArgumentError, SchemaMismatchError, SnapshotMovedError, UnknownKeyError
 from featurelake.index import encode, key_is_exact, read_key_columns
 from featurelake.keys import check_keys, conform_keys
+from featurelake.state import _LRU
+from featurelake.threads import run_all
 from featurelake.schema import RESERVED_PREFIX, arrow_schema, check_column_names, to_table
 from featurelake.updates import WRITE_THREADS, UpdateReport, _check_types, commit_update_files, fit_values
 
@@ -66,11 +67,23 @@ class ScanOrder:
 
 
 def scan_order(table: "Table", ice: IcebergTable, snapshot: Snapshot | None) -> ScanOrder:
-    """The scan order of ``snapshot`` (the plan ``Table.read`` uses, without a filter)."""
+    """The scan order of ``snapshot`` (the plan ``Table.read`` uses, without a filter).
+
+    A snapshot's files never change, so its order is planned once per process
+    (``t.scan_order()`` then ``t.add_column(...)`` plan the snapshot once).
+    """
     if snapshot is None:
         return ScanOrder(None, (), ())
-    tasks = table.scan([], snapshot_id=snapshot.snapshot_id, ice=ice).tasks()
-    return ScanOrder(snapshot.snapshot_id, tuple(t.file.file_path for t in tasks), tuple(t.file.record_count for t in tasks))
+    key = f"{ice.metadata.table_uuid}/{snapshot.snapshot_id}"
+    found = _ORDERS.get(key)
+    if found is None:
+        tasks = table.scan([], snapshot_id=snapshot.snapshot_id, ice=ice).tasks()
+        found = ScanOrder(snapshot.snapshot_id, tuple(t.file.file_path for t in tasks), tuple(t.file.record_count for t in tasks))
+        _ORDERS.put(key, found)
+    return found
+
+
+_ORDERS = _LRU(256)
 
 
 def write_dense(
@@ -103,7 +116,9 @@ def write_dense(
             raise InvalidArgumentError(f"{key_table.num_rows} keys for {values.num_rows} values: give one key per value")
         key_schema = arrow_schema(table._ice.schema(), field_ids=False)
         key_table = conform_keys(key_table, [key_schema.field(k) for k in key_cols])
-        check_keys(key_table, key_cols)
+        for k in key_cols:  # null keys now; repeated keys only if the merge finds a row without a value (below)
+            if key_table.column(k).null_count:
+                check_keys(key_table.select([k]), [k])
     report = UpdateReport(columns=columns)
     written: list[str] = []
 
@@ -130,7 +145,13 @@ def write_dense(
         if key_table is None:
             groups = [(path, fitted.slice(start, n)) for path, start, n in order.slices() if n]
         else:
-            groups = _by_key(ice, order, key_table, fitted, key_cols, table.name)
+            try:
+                groups = _by_key(ice, order, key_table, fitted, key_cols, table.name)
+            except UnknownKeyError:
+                # As many keys as rows, each row matched: the keys are exactly the table's, so a repeated
+                # key always shows up as a row without a value. Say which it is (a sort, paid only here).
+                check_keys(key_table, key_cols)
+                raise
         if not groups:
             report.snapshot_id = head.snapshot_id
             return report
@@ -166,8 +187,9 @@ def _by_key(
     lo, hi = (int(codes.min()), int(codes.max())) if len(codes) else (0, -1)
     if exact and hi - lo < DIRECT_SPAN * len(codes) + 1024:
         # Sample ids are nearly dense: the sort is a counting sort (row of each key at key - lo).
-        slot = np.full(hi - lo + 1, -1, dtype=np.int64)
-        slot[codes - lo] = np.arange(len(codes))
+        row_type = np.int32 if len(codes) < 2**31 else np.int64  # half the memory traffic of int64 rows
+        slot = np.full(hi - lo + 1, -1, dtype=row_type)
+        slot[codes - lo] = np.arange(len(codes), dtype=row_type)
 
         def rows_of(file_codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             inside = (file_codes >= lo) & (file_codes <= hi)
@@ -202,8 +224,4 @@ def _by_key(
             )
         return path, values.take(pa.array(rows))
 
-    jobs = [s for s in order.slices() if s[2]]
-    if len(jobs) <= 1:
-        return [file_values(j) for j in jobs]
-    with ThreadPoolExecutor(max_workers=min(WRITE_THREADS, len(jobs))) as pool:
-        return list(pool.map(file_values, jobs))
+    return run_all(file_values, [s for s in order.slices() if s[2]], WRITE_THREADS)

@@ -387,12 +387,13 @@ def _sql_catalog(uri: str, warehouse: str, **properties: str) -> Catalog:
     from pyiceberg.table import Table as IcebergTable
     from pyiceberg.typedef import EMPTY_DICT
 
+    from featurelake.metadata_json import write_table_metadata
     from featurelake.state import _LRU
 
     parsed = _LRU(64)
 
     class CachingSqlCatalog(SqlCatalog):
-        """A SqlCatalog that parses each metadata file once.
+        """A SqlCatalog that parses each metadata file once and serialises each schema once.
 
         Every read and commit loads the table; pyiceberg parses the whole
         metadata JSON each time, and that grows with the schema history (a
@@ -408,6 +409,11 @@ def _sql_catalog(uri: str, warehouse: str, **properties: str) -> Catalog:
             if self.engine.url.get_backend_name() == "sqlite":
                 _wait_when_busy(self.engine)
             super()._init_catalog()
+
+        @staticmethod
+        def _write_metadata(metadata, io, metadata_path: str) -> None:  # type: ignore[override]
+            # each schema of the history serialised once, not on every commit (featurelake.metadata_json)
+            write_table_metadata(metadata, io.new_output(metadata_path))
 
         def commit_table(self, table, requirements, updates):  # type: ignore[override]
             # the metadata a commit writes is the next load's: keep it parsed (one parse less per commit)

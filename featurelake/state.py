@@ -37,6 +37,7 @@ from pyiceberg.table.snapshots import Snapshot
 
 from featurelake.errors import CorruptFileError
 from featurelake.refs import ancestors
+from featurelake.threads import run_all
 from featurelake.storage import storage_of
 
 STATE_KEY = "featurelake.state"
@@ -247,13 +248,15 @@ class StateWriter:
         touched, not the size of the whole state.
         """
         shards = dict(self.base.shard_info)
+        jobs = []
         for shard, entries in self._changed.items():
             rows = [e for es in entries.values() for e in es]
             if not rows:
                 shards.pop(shard, None)
                 continue
-            path = f"{self.location}/shard-{shard:02d}-{uuid.uuid4().hex}.parquet"
-            _write_shard(self.io, path, rows)
+            jobs.append((shard, entries, rows, f"{self.location}/shard-{shard:02d}-{uuid.uuid4().hex}.parquet"))
+        run_all(lambda job: _write_shard(self.io, job[3], job[2]), jobs)  # the shards of a commit at once
+        for shard, entries, rows, path in jobs:
             _SHARD_CACHE.put(path, {k: sorted(v, key=lambda e: e.seq) for k, v in entries.items() if v})
             shards[shard] = {
                 "path": path,

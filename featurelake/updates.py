@@ -14,7 +14,6 @@ candidate files) or, when the input carries ``_file`` and ``_pos`` from
 from __future__ import annotations
 
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
@@ -53,6 +52,8 @@ from featurelake.schema import (
 )
 from featurelake.state import STATE_KEY, StateWriter, UpdateEntry, summary_props
 from featurelake.storage import storage_of
+from featurelake.threads import run_all
+from featurelake.writer_settings import WriterSettings
 
 if TYPE_CHECKING:
     from featurelake.table import Table
@@ -247,12 +248,13 @@ def write_update_file(ice: IcebergTable, path: str, values: pa.Table, target: pa
         arrays.append(values.column(f.name).cast(f.type))
         fields.append(f.with_nullable(True))
     out_table = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
-    codec = ice.metadata.properties.get("write.parquet.compression-codec", "zstd")
+    settings = WriterSettings.of(ice.metadata.properties)  # the data files' codec (featurelake.writer_settings)
     # Feature values are mostly distinct floats: a dictionary only adds bytes (measured: 714 KB
     # instead of 463 KB for 125k float32 values), so dictionaries are kept for the other columns.
     dictionary = [f.name for f in out_table.schema if not pa.types.is_floating(f.type)]
     with storage_of(ice.io).write_new(path) as out:
-        pq.write_table(out_table, out, compression=codec, write_statistics=False, use_dictionary=dictionary)
+        pq.write_table(out_table, out, compression=settings.compression, compression_level=settings.level,
+                       write_statistics=False, use_dictionary=dictionary)
         return out.tell()
 
 
@@ -316,14 +318,7 @@ def write_update_files(ice: IcebergTable, jobs: list[UpdateFileJob], target: pa.
     :func:`stage_update_files`; featurelake.ray passes one that writes them in
     parallel Ray tasks.
     """
-    if len(jobs) <= 1:
-        return [write_job(ice, job, target) for job in jobs]
-    with ThreadPoolExecutor(max_workers=min(WRITE_THREADS, len(jobs))) as pool:
-        futures = [pool.submit(write_job, ice, job, target) for job in jobs]
-    errors = [f.exception() for f in futures if f.exception() is not None]
-    if errors:
-        raise errors[0]
-    return [f.result() for f in futures]
+    return run_all(lambda job: write_job(ice, job, target), jobs, WRITE_THREADS)
 
 
 def write_job(ice: IcebergTable, job: UpdateFileJob, target: pa.Schema) -> int:

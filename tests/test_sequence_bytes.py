@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from featurelake.datafiles import ENCODING_PROPERTY, column_encodings
+from featurelake.writer_settings import ENCODING_PROPERTY, column_encodings
 from featurelake.storage import storage_of
 from test_sequences import T0, events_with_ties, make_events, oracle, random_rows
 

@@ -153,9 +153,10 @@ def event_encodings(schema: pa.Schema, key: str, time: str, event_id: str, synth
     event is worth the slower encode. Every setting is a table property the
     caller can override through ``properties``.
     """
-    from featurelake.datafiles import ENCODING_PROPERTY
+    from featurelake.writer_settings import ENCODING_PROPERTY
 
-    out = {f"{ENCODING_PROPERTY}{time}": "DELTA_BINARY_PACKED", "write.parquet.compression-level": str(EVENT_ZSTD_LEVEL)}
+    out = {f"{ENCODING_PROPERTY}{time}": "DELTA_BINARY_PACKED", "write.parquet.compression-codec": "zstd",
+           "write.parquet.compression-level": str(EVENT_ZSTD_LEVEL)}
     if synthetic:
         out[f"{ENCODING_PROPERTY}{event_id}"] = "DELTA_BINARY_PACKED"
     for f in schema:

@@ -1,0 +1,87 @@
+"""One process-wide pool of writer threads, started once and reused by every write.
+
+Writes encode and upload several files at once (Parquet encoding and I/O
+release the GIL). A ``ThreadPoolExecutor`` per call starts its threads on every
+commit; on a busy machine each start waits for the new thread to be
+scheduled, which measured 15-20 ms of a 40 ms column write. The pool here is
+started on first use and kept.
+
+:func:`run_all` waits for *every* task before it returns or raises, so a
+caller that deletes its files after a failure never races a write still in
+flight. A task that itself calls :func:`run_all` runs its items inline (a
+worker waiting on its own pool could deadlock), and a forked child starts a
+fresh pool (the parent's threads do not exist there).
+"""
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Callable, Sequence, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+MAX_THREADS = 8  # enough for object-store latency; CPU-bound encoding is capped by the caller's ``threads``
+
+_pool: ThreadPoolExecutor | None = None
+_lock = threading.Lock()
+_local = threading.local()
+
+
+def _get_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=MAX_THREADS, thread_name_prefix="featurelake-write",
+                                       initializer=_mark_worker)
+        return _pool
+
+
+def _mark_worker() -> None:
+    _local.worker = True
+
+
+def _forget_pool() -> None:  # in a forked child: the parent's threads are not here
+    global _pool, _lock
+    _pool = None
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
+def run_all(fn: Callable[[T], R], items: Sequence[T], threads: int = MAX_THREADS) -> list[R]:
+    """``[fn(x) for x in items]``, up to ``threads`` at once; results in order.
+
+    Every call has finished before this returns or raises; if any raised,
+    one of their exceptions is raised.
+    """
+    items = list(items)
+    if len(items) <= 1 or threads <= 1 or getattr(_local, "worker", False):
+        return [fn(x) for x in items]
+    threads = min(threads, MAX_THREADS, len(items))
+    if threads >= len(items):
+        futures = [_get_pool().submit(fn, x) for x in items]
+    else:  # at most ``threads`` of this call's items run at once: each task takes the next item
+        lock, it = threading.Lock(), iter(enumerate(items))
+        results: dict[int, object] = {}
+
+        def drain() -> None:
+            while True:
+                with lock:
+                    nxt = next(it, None)
+                if nxt is None:
+                    return
+                results[nxt[0]] = fn(nxt[1])
+
+        futures = [_get_pool().submit(drain) for _ in range(threads)]
+        wait(futures)
+        for f in futures:
+            if f.exception() is not None:
+                raise f.exception()  # type: ignore[misc]
+        return [results[i] for i in range(len(items))]  # type: ignore[misc]
+    wait(futures)
+    for f in futures:
+        if f.exception() is not None:
+            raise f.exception()  # type: ignore[misc]
+    return [f.result() for f in futures]
