@@ -33,7 +33,7 @@ from featurelake.errors import GarbageCollectionError
 from featurelake.placement import PROJECTIONS_DIR
 from featurelake.sequences.buildinfo import PROP_KEY, list_builds, live_builds, store_root
 from featurelake.state import STATE_KEY, state_of
-from featurelake.storage import PLATFORM_DIR, Storage, StoredFile, is_under, storage_of
+from featurelake.storage import PLATFORM_DIR, Storage, StoredFile, delete_stored, is_under, storage_of
 
 if TYPE_CHECKING:
     from featurelake.lake import Lake
@@ -336,11 +336,8 @@ def collect_garbage(lake: "Lake", older_than: timedelta = timedelta(days=3), dry
             report.bytes += f.size
             counts["files"] += 1
             counts["bytes"] += f.size
-            if not dry_run:
-                try:
-                    f.fs.delete_file(f.path)
-                except FileNotFoundError:
-                    pass  # another collector got there first
+        if not dry_run:
+            delete_stored(plan.garbage)  # batched on S3: one request per 1,000 files
         if name is not None:
             report.tables[name] = counts
     report.seconds = time.perf_counter() - t0
@@ -366,11 +363,11 @@ def purge_files(lake: "Lake", name: str, ice: IcebergTable) -> int:
     folders = [ice.location()]
     if lake.cache_dir is not None and ice.metadata.properties.get(PROP_KEY):
         folders.append(str(store_root(lake.cache_dir, name, ice)))
-    deleted = 0
+    doomed: list[StoredFile] = []
     for folder in folders:
         for f in storage.list(folder):
             if any(is_under(f.uri, loc) for loc in others) or _is_catalog_file(f):
                 continue
-            storage.delete(f)
-            deleted += 1
-    return deleted
+            doomed.append(f)
+    delete_stored(doomed)
+    return len(doomed)

@@ -13,7 +13,12 @@ it touched:
   ids, totals, and a map ``shard -> shard file``;
 * Parquet *shards*, one row per live update file, each holding the entries of
   the data files whose path hashes to that shard. A commit writes only the
-  shards it changed and references the others unchanged.
+  shards it changed and references the others unchanged. The shards one
+  commit changed are written together in one file (a *pack*: one PUT on an
+  object store, however many shards changed); the root maps each shard to the
+  file that holds its current entries, and a shard's entries are the rows of
+  that file whose data file hashes to it (an older pack's rows of a shard
+  rewritten since are ignored).
 
 A snapshot without the summary key (an append, or another engine's commit)
 inherits its nearest ancestor's state. Every file is immutable and cached by
@@ -108,10 +113,10 @@ class PlatformState:
     def max_layers(self) -> int:
         """The most update files stacked on one data file (the root's per-shard figure when it has one)."""
         most = 0
-        for info in self.shard_info.values():
+        for shard, info in self.shard_info.items():
             layers = info.get("layers")
             if layers is None:  # a root written before shards recorded it
-                layers = max((len(es) for es in _load_shard(self.io, info["path"]).values()), default=0)
+                layers = max((len(es) for es in _shard_entries(self.io, info["path"], shard, info.get("size")).values()), default=0)
             most = max(most, int(layers))
         return most
 
@@ -125,27 +130,28 @@ class PlatformState:
 
     def entries_for(self, data_file: str) -> list[UpdateEntry]:
         """Update files of ``data_file`` in commit order (oldest first)."""
-        info = self.shard_info.get(shard_of(data_file))
+        shard = shard_of(data_file)
+        info = self.shard_info.get(shard)
         if info is None:
             return []
-        return _load_shard(self.io, info["path"]).get(data_file, [])
+        return _shard_entries(self.io, info["path"], shard, info.get("size")).get(data_file, [])
 
     def by_data_file(self, data_files: Iterable[str] | None = None) -> dict[str, list[UpdateEntry]]:
         """Entries grouped by data file, for ``data_files`` or for all."""
         if data_files is None:
             out: dict[str, list[UpdateEntry]] = {}
-            for path in self.shards.values():
-                out.update(_load_shard(self.io, path))
+            for shard, info in self.shard_info.items():
+                out.update(_shard_entries(self.io, info["path"], shard, info.get("size")))
             return out
         wanted: dict[int, list[str]] = {}
         for f in data_files:
             wanted.setdefault(shard_of(f), []).append(f)
         out = {}
         for shard, files in wanted.items():
-            path = self.shards.get(shard)
-            if path is None:
+            info = self.shard_info.get(shard)
+            if info is None:
                 continue
-            loaded = _load_shard(self.io, path)
+            loaded = _shard_entries(self.io, info["path"], shard, info.get("size"))
             for f in files:
                 if f in loaded:
                     out[f] = loaded[f]
@@ -205,8 +211,8 @@ class StateWriter:
 
     def _shard(self, shard: int) -> dict[str, list[UpdateEntry]]:
         if shard not in self._changed:
-            path = self.base.shards.get(shard)
-            loaded = _load_shard(self.io, path) if path else {}
+            info = self.base.shard_info.get(shard)
+            loaded = _shard_entries(self.io, info["path"], shard, info.get("size")) if info else {}
             self._changed[shard] = {k: list(v) for k, v in loaded.items()}
         return self._changed[shard]
 
@@ -247,21 +253,30 @@ class StateWriter:
         touched, not the size of the whole state.
         """
         shards = dict(self.base.shard_info)
+        pack = f"{self.location}/shard-{uuid.uuid4().hex}.parquet"
+        packed: list[UpdateEntry] = []
         for shard, entries in self._changed.items():
             rows = [e for es in entries.values() for e in es]
             if not rows:
                 shards.pop(shard, None)
                 continue
-            path = f"{self.location}/shard-{shard:02d}-{uuid.uuid4().hex}.parquet"
-            _write_shard(self.io, path, rows)
-            _SHARD_CACHE.put(path, {k: sorted(v, key=lambda e: e.seq) for k, v in entries.items() if v})
+            packed.extend(rows)
             shards[shard] = {
-                "path": path,
+                "path": pack,
                 "files": len(rows),
                 "bytes": sum(e.bytes for e in rows),
                 "field_ids": sorted({f for e in rows for f in e.field_ids}),
                 "layers": max(len(es) for es in entries.values()),
             }
+        if packed:  # every changed shard in one file: one PUT, however many shards changed
+            pack_bytes = _write_shard(self.io, pack, packed)
+            for shard in self._changed:
+                if shards.get(shard, {}).get("path") == pack:
+                    shards[shard]["size"] = pack_bytes
+            by_file: dict[str, list[UpdateEntry]] = {}
+            for e in sorted(packed, key=lambda e: e.seq):
+                by_file.setdefault(e.data_file, []).append(e)
+            _SHARD_CACHE.put(pack, by_file)
         root = {
             "format": FORMAT,
             "next_seq": self.next_seq,
@@ -302,6 +317,14 @@ class _LRU:
 
 _ROOT_CACHE = _LRU(512)
 _SHARD_CACHE = _LRU(2048)
+_SPLIT_CACHE = _LRU(2048)
+
+
+def clear_caches() -> None:
+    """Forget every cached root and shard (as a fresh process would start)."""
+    for cache in (_ROOT_CACHE, _SHARD_CACHE, _SPLIT_CACHE):
+        with cache.lock:
+            cache.items.clear()
 
 
 def _load_root(io: FileIO, path: str) -> PlatformState:
@@ -337,13 +360,25 @@ def _root_text(data: bytes) -> str:
     return data.decode()
 
 
-def _load_shard(io: FileIO | None, path: str) -> dict[str, list[UpdateEntry]]:
+def _shard_entries(io: FileIO | None, path: str, shard: int, size: int | None = None) -> dict[str, list[UpdateEntry]]:
+    """The entries of ``shard`` in the shard file or pack at ``path`` (a pack also holds other shards)."""
+    split = _SPLIT_CACHE.get(path)
+    if split is None:
+        split = {}
+        for f, es in _load_shard(io, path, size).items():
+            split.setdefault(shard_of(f), {})[f] = es
+        _SPLIT_CACHE.put(path, split)
+    return split.get(shard, {})
+
+
+def _load_shard(io: FileIO | None, path: str, size: int | None = None) -> dict[str, list[UpdateEntry]]:
+    """Every entry of a shard file or pack, by data file (cached by path: files are immutable)."""
     cached = _SHARD_CACHE.get(path)
     if cached is not None:
         return cached
     assert io is not None
     try:
-        with storage_of(io).open(path) as f:
+        with storage_of(io).open(path, size=size) as f:
             tbl = pq.read_table(f)
     except (OSError, pa.ArrowInvalid) as e:
         raise CorruptFileError(f"platform state shard {path} is missing or unreadable: {e}", path) from e
@@ -367,7 +402,8 @@ def _load_shard(io: FileIO | None, path: str) -> dict[str, list[UpdateEntry]]:
     return out
 
 
-def _write_shard(io: FileIO, path: str, entries: list[UpdateEntry]) -> None:
+def _write_shard(io: FileIO, path: str, entries: list[UpdateEntry]) -> int:
+    """Write a shard file (or pack); returns its size in bytes."""
     entries = sorted(entries, key=lambda e: (e.data_file, e.seq))
     tbl = pa.Table.from_pydict(
         {
@@ -384,3 +420,4 @@ def _write_shard(io: FileIO, path: str, entries: list[UpdateEntry]) -> None:
     )
     with storage_of(io).write_new(path) as out:
         pq.write_table(tbl, out, compression="zstd")
+        return out.tell()

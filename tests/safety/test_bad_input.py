@@ -367,8 +367,7 @@ def _clear_caches():
     from featurelake import index, merge, state
 
     index.clear_caches()
-    state._ROOT_CACHE.items.clear()
-    state._SHARD_CACHE.items.clear()
+    state.clear_caches()
     merge._FILES_CACHE.clear()
 
 
