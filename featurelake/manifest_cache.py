@@ -12,13 +12,24 @@ list (added snapshot id, sequence number, spec id), so entries read before a
 manifest was committed are never reused for the committed one. Callers get a
 new list of the (shared, read-only) entries. The patch is process-wide and
 keeps pyiceberg's behaviour; only repeated reads are saved.
+
+Two more requests per commit are saved on an object store the same way:
+
+* manifest *lists* are immutable too, and pyiceberg re-reads the parent's for
+  every plan and commit step (a HEAD and a GET each time): cached by path;
+* after writing a manifest pyiceberg asks the store for its length (a HEAD):
+  an Avro file written through a PyArrowFile remembers how many bytes it wrote.
 """
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
 
+from typing import Any
+
+import pyiceberg.table.snapshots as _snapshots
 from pyiceberg.io import FileIO
+from pyiceberg.io.pyarrow import PyArrowFile
 from pyiceberg.manifest import ManifestEntry, ManifestFile
 
 MAX_ENTRIES = 500_000  # bounds memory: about 1-2 KB per entry
@@ -48,6 +59,75 @@ def _fetch_manifest_entry(self: ManifestFile, io: FileIO, discard_deleted: bool 
     return list(entries)
 
 
+MAX_LISTS = 256
+_original_lists = _snapshots._manifests
+_lists: OrderedDict[str, tuple[ManifestFile, ...]] = OrderedDict()
+
+
+def _manifests(io: FileIO, manifest_list: str) -> tuple[ManifestFile, ...]:
+    with _lock:
+        hit = _lists.get(manifest_list)
+        if hit is not None:
+            _lists.move_to_end(manifest_list)
+            return hit
+    found = tuple(_original_lists(io, manifest_list))
+    with _lock:
+        _lists[manifest_list] = found
+        while len(_lists) > MAX_LISTS:
+            _lists.popitem(last=False)
+    return found
+
+
+class _Counted:
+    """An output stream that remembers how many bytes went through it (for ``len()`` after writing)."""
+
+    def __init__(self, stream: Any, owner: PyArrowFile) -> None:
+        self._stream, self._owner, self._n = stream, owner, 0
+
+    def write(self, data: Any) -> int:
+        self._n += len(data)
+        return self._stream.write(data)
+
+    def close(self) -> None:
+        self._stream.close()
+        self._owner._featurelake_written = self._n  # type: ignore[attr-defined]
+
+    def __enter__(self) -> "_Counted":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+_original_create = PyArrowFile.create
+_original_len = PyArrowFile.__len__
+
+
+def _create(self: PyArrowFile, overwrite: bool = False) -> Any:
+    stream = _original_create(self, overwrite=overwrite)
+    return _Counted(stream, self) if self.location.endswith(".avro") else stream
+
+
+def _len(self: PyArrowFile) -> int:
+    written = getattr(self, "_featurelake_written", None)
+    return written if written is not None else _original_len(self)
+
+
+def clear() -> None:
+    """Forget every cached manifest and manifest list (as a fresh process would start)."""
+    global _size
+    with _lock:
+        _cache.clear()
+        _lists.clear()
+        _size = 0
+
+
 def install() -> None:
     """Route pyiceberg's manifest reads through the cache (idempotent)."""
     ManifestFile.fetch_manifest_entry = _fetch_manifest_entry  # type: ignore[method-assign]
+    _snapshots._manifests = _manifests  # type: ignore[attr-defined]
+    PyArrowFile.create = _create  # type: ignore[method-assign]
+    PyArrowFile.__len__ = _len  # type: ignore[method-assign]
