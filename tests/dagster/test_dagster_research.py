@@ -4,6 +4,7 @@ import pyarrow as pa
 import pytest
 from dagster import AssetCheckSeverity, AssetKey, SkipReason, build_sensor_context, materialize
 
+from backends import both_backends
 from dagster_test_helpers import ROWS
 
 DAY, DAY2 = "2026-01-01", "2026-01-02"
@@ -40,7 +41,7 @@ def _main_day(day, lake_home, instance):
     assert result.success
 
 
-def _research(key, lake_home, instance, features=None, tags=None, nodes=None):
+def _research(key, lake_home, instance, features=None, tags=None, nodes=None, resources=None):
     from assets import research
 
     instance.add_dynamic_partitions(research.research_partitions.name, [key])
@@ -49,7 +50,7 @@ def _research(key, lake_home, instance, features=None, tags=None, nodes=None):
         nodes or [*research.research_assets, *research.research_checks],
         instance=instance,
         partition_key=key,
-        resources=_resources(lake_home),
+        resources=resources or _resources(lake_home),
         run_config={"ops": ops} if ops else None,
         tags=tags or {},
         raise_on_error=False,
@@ -145,6 +146,37 @@ def test_gate_blocks_failing_branch_then_merges_narrowed_branch(lake_home, insta
     names = t.schema.names
     assert "f2_norm" not in names and any(n.startswith("__deleted__f2_norm") for n in names)
     assert instance.get_materialized_partitions(AssetKey("branch_merge")) == {"exp"}
+
+
+@both_backends
+def test_research_group_gates_and_merges_on_both_backends(env_resource, instance, spec_file):
+    """The research group and its quality checks on the embedded lake and on REST + S3 (the
+    lake named by the environment): the failing branch is blocked, main untouched; the sound
+    one is merged with values equal to the numpy oracle."""
+    from assets.main import main_assets
+    from featurelake import Lake
+
+    resources = {"lake": env_resource}
+    day = materialize(main_assets, instance=instance, partition_key=DAY, resources=resources,
+                      run_config={"ops": {"raw_impressions": {"config": {"rows_per_day": ROWS}}}})
+    assert day.success
+    t = Lake.from_env().table("ml.samples")
+    before = t.branches()["main"]
+
+    blocked = _research("exp", None, instance, resources=resources)
+    assert not blocked.success
+    assert {k: c.passed for k, c in _checks(blocked).items()} == {
+        "null_fraction": False, "value_range": False, "distinct_count": True, "drift": False}
+    assert "branch_merge" not in _steps_succeeded(blocked)
+    t = Lake.from_env().table("ml.samples")
+    assert t.branches()["main"] == before
+
+    merged = _research("sound", None, instance, resources=resources)
+    assert merged.success and all(c.passed for c in _checks(merged).values())
+    t = Lake.from_env().table("ml.samples")
+    assert t.branches()["main"] == t.branches()["research/sound"] != before
+    got, want = _blend_oracle(t)
+    np.testing.assert_allclose(got, want, rtol=1e-6, equal_nan=True)
 
 
 def test_spec_from_yaml_merges_passing_branch(lake_home, instance, spec_file):
