@@ -16,7 +16,9 @@ keeps pyiceberg's behaviour; only repeated reads are saved.
 Two more requests per commit are saved on an object store the same way:
 
 * manifest *lists* are immutable too, and pyiceberg re-reads the parent's for
-  every plan and commit step (a HEAD and a GET each time): cached by path;
+  every plan and commit step (a HEAD and a GET each time): cached by path, and
+  a list this process writes is cached as written (the next commit or read of
+  that snapshot reads nothing);
 * after writing a manifest pyiceberg asks the store for its length (a HEAD):
   an Avro file written through a PyArrowFile remembers how many bytes it wrote.
 """
@@ -30,7 +32,7 @@ from typing import Any
 import pyiceberg.table.snapshots as _snapshots
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import PyArrowFile
-from pyiceberg.manifest import ManifestEntry, ManifestFile
+from pyiceberg.manifest import ManifestEntry, ManifestFile, ManifestListWriter
 
 MAX_ENTRIES = 500_000  # bounds memory: about 1-2 KB per entry
 
@@ -76,6 +78,20 @@ def _manifests(io: FileIO, manifest_list: str) -> tuple[ManifestFile, ...]:
         while len(_lists) > MAX_LISTS:
             _lists.popitem(last=False)
     return found
+
+
+_original_add = ManifestListWriter.add_manifests
+
+
+def _add_manifests(self: ManifestListWriter, manifest_files: list[ManifestFile]) -> ManifestListWriter:
+    """Write the list as pyiceberg does, and remember exactly what was written under its path."""
+    prepared = [self.prepare_manifest(m) for m in manifest_files]  # what the writer stores (sequence numbers set)
+    self._writer.write_block(prepared)
+    with _lock:
+        _lists[self._output_file.location] = tuple(prepared)
+        while len(_lists) > MAX_LISTS:
+            _lists.popitem(last=False)
+    return self
 
 
 class _Counted:
@@ -129,5 +145,6 @@ def install() -> None:
     """Route pyiceberg's manifest reads through the cache (idempotent)."""
     ManifestFile.fetch_manifest_entry = _fetch_manifest_entry  # type: ignore[method-assign]
     _snapshots._manifests = _manifests  # type: ignore[attr-defined]
+    ManifestListWriter.add_manifests = _add_manifests  # type: ignore[method-assign]
     PyArrowFile.create = _create  # type: ignore[method-assign]
     PyArrowFile.__len__ = _len  # type: ignore[method-assign]

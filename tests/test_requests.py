@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
+from backends import both_backends
 from featurelake import index
 from featurelake.errors import StorageError
 from featurelake.storage import table_storage
@@ -353,3 +354,32 @@ def test_a_small_file_of_known_size_is_one_get_and_a_wrong_size_falls_back(seawe
         open_remote(fs, f"{folder}/small.parquet", len(data) + 10, whole_below=1 << 20)
     with pytest.raises(FileNotFoundError):
         open_remote(fs, f"{folder}/absent.parquet", 100, whole_below=1 << 20)
+
+
+@both_backends
+def test_a_commit_writes_its_state_in_one_pack_and_older_packs_never_leak(backend):
+    """Every shard a commit changes goes into one file; a shard rewritten later is read from its
+    new pack only (the older pack still holds its stale rows), so no update is lost or resurrected."""
+    lake = backend.lake
+    t = lake.create_table("ns.packs", SCHEMA, primary_key="id")
+    for lo in range(0, 1200, 100):
+        t.append(_rows(range(lo, lo + 100)))  # 12 data files: many shards
+    packs = lambda: {f for f in backend.files(".parquet") if "/_featurelake/shard-" in f}  # noqa: E731
+    before = packs()
+    t.backfill(pa.table({"id": pa.array(range(0, 1200, 10), pa.int64()), "x": np.full(120, 2.0)}))
+    first = packs() - before
+    assert len(first) == 1  # 12 shards' worth of entries, one file
+    t.backfill(pa.table({"id": pa.array([0, 10], pa.int64()), "x": [3.0, 4.0]}))  # one data file's shard again
+    assert len(packs() - before - first) == 1
+    ice = t.refresh()
+    state = t._state(ice, ice.current_snapshot())
+    entries = state.by_data_file()
+    assert len(entries) == 12 and state.update_files == 13
+    assert sorted(len(es) for es in entries.values()) == [1] * 11 + [2]
+    stored = {backend.name_of(f) for f in backend.files()}
+    assert {backend.name_of(e.update_file) for es in entries.values() for e in es} <= stored  # each names a stored file
+    got = dict(zip(*t.read(columns=["id", "x"]).to_pydict().values()))
+    want = {i: (3.0 if i == 0 else 4.0 if i == 10 else 2.0 if i % 10 == 0 else 1.0) for i in range(1200)}
+    assert got == want
+    t.compact()
+    assert t.stats()["update_files"] == 0 and dict(zip(*t.read(columns=["id", "x"]).to_pydict().values())) == want
