@@ -33,10 +33,10 @@ def _resources(lake_home):
     return {"lake": LakeResource(home=str(lake_home))}
 
 
-def _main_day(day, lake_home, instance):
+def _main_day(day, lake_home, instance, resources=None):
     from assets.main import main_assets
 
-    result = materialize(main_assets, instance=instance, partition_key=day, resources=_resources(lake_home),
+    result = materialize(main_assets, instance=instance, partition_key=day, resources=resources or _resources(lake_home),
                          run_config={"ops": {"raw_impressions": {"config": {"rows_per_day": ROWS}}}})
     assert result.success
 
@@ -228,24 +228,28 @@ def test_override_is_explicit_and_recorded(lake_home, instance, spec_file):
 
 
 # ---------------------------------------------------------------------- labels
-def _target(name, lake_home, instance):
+def _target(name, lake_home, instance, resources=None):
     from assets.label_targets import labels_assets, target_partitions
 
     instance.add_dynamic_partitions(target_partitions.name, [name])
-    return materialize(labels_assets, instance=instance, partition_key=name, resources=_resources(lake_home),
+    return materialize(labels_assets, instance=instance, partition_key=name, resources=resources or _resources(lake_home),
                        raise_on_error=False)
 
 
-def test_target_labels_only_on_their_branch(lake_home, instance):
+@both_backends
+def test_target_labels_only_on_their_branch(env_resource, instance):
+    """The labels group, on the embedded lake and on REST + S3 (the lake named by the environment)."""
     from assets.main import START
+    from featurelake import Lake
     from featurelake.synthetic import impressions_for_day, impressions_schema
 
-    _main_day(DAY, lake_home, instance)
-    t = _table(lake_home)
+    resources = {"lake": env_resource}
+    _main_day(DAY, None, instance, resources)
+    t = Lake.from_env().table("ml.samples")
     main_before = t.branches()["main"]
     main_stats = t.stats()
 
-    results = {name: _target(name, lake_home, instance) for name in ("ctr", "long_dwell")}
+    results = {name: _target(name, None, instance, resources) for name in ("ctr", "long_dwell")}
     assert all(r.success for r in results.values())
     assert t.branches()["main"] == main_before  # main untouched
     md = _md(results["ctr"], "target_labels")
@@ -274,16 +278,16 @@ def test_target_labels_only_on_their_branch(lake_home, instance):
     assert set(t.read(columns=["label_long_dwell"]).column(0).to_pylist()) == {None}
 
     # again: nothing left to label, nothing written
-    again = _md(_target("ctr", lake_home, instance), "target_labels")
+    again = _md(_target("ctr", None, instance, resources), "target_labels")
     assert again["rows_labelled"] == 0 and again["bytes_written"] == 0 and again["branch_action"] == "up to date"
     # a new day on main: the branch is rebased and only the new day is labelled
-    _main_day(DAY2, lake_home, instance)
-    later = _md(_target("ctr", lake_home, instance), "target_labels")
+    _main_day(DAY2, None, instance, resources)
+    later = _md(_target("ctr", None, instance, resources), "target_labels")
     assert later["branch_action"] == "rebased onto main" and later["rows_labelled"] == ROWS
     assert later["rows_labelled_total"] == 2 * ROWS
     assert t.read(columns=["label_ctr"], branch="labels/ctr").column(0).null_count == 0
 
-    unknown = _target("no_such_target", lake_home, instance)
+    unknown = _target("no_such_target", None, instance, resources)
     assert not unknown.success
     assert "unknown training target" in str(unknown.get_step_failure_events()[0].event_specific_data.error)
 
