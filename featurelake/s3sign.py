@@ -23,7 +23,8 @@ there is no second configuration path. Where that filesystem's credentials
 are not explicit (default provider chain, an assumed role, anonymous access),
 a proxy or a custom CA is configured, or the store refuses the request,
 :func:`delete_objects` reports the keys as not done and the caller deletes
-them one by one as before.
+them one by one as before, and :func:`get_object` returns None so the caller
+reads through pyarrow. No error or log line carries a credential.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ import http.client
 import re
 import threading
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Iterable
 from xml.sax.saxutils import escape
@@ -52,9 +53,9 @@ class _Endpoint:
     host: str  # host[:port]
     region: str
     access_key: str
-    secret_key: str
-    session_token: str
-    virtual: bool
+    secret_key: str = field(repr=False)  # never in a repr, a log or an error
+    session_token: str = field(repr=False)
+    virtual: bool = False
 
 
 def _endpoint(fs: pafs.FileSystem) -> _Endpoint | None:
