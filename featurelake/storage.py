@@ -204,10 +204,14 @@ class Storage:
 
 
 def open_remote(fs: pafs.FileSystem, path: str, size: int, whole_below: int = FOOTER_READ_BYTES) -> pa.NativeFile:
-    """A reader of an object-store file of known ``size``: no HEAD; whole in one GET when small.
+    """A reader of an object-store file of known ``size``.
 
-    A size recorded wrong surfaces as an error reading the file (the callers
-    that take a size from metadata retry without it).
+    A file of at most ``whole_below`` bytes is fetched whole: on S3 with one
+    signed GET and no HEAD (featurelake.s3sign), elsewhere (or when that GET
+    cannot be made) through pyarrow. A larger file is opened with pyarrow as
+    usual (the Parquet reader uses a dataset fragment of known size instead:
+    read.py). A size recorded wrong surfaces as an error reading the file (the
+    callers that take a size from metadata retry without it).
     """
     if 0 < size <= whole_below and isinstance(fs, pafs.S3FileSystem):
         from featurelake.s3sign import get_object
