@@ -20,7 +20,10 @@ Two more requests per commit are saved on an object store the same way:
   a list this process writes is cached as written (the next commit or read of
   that snapshot reads nothing);
 * after writing a manifest pyiceberg asks the store for its length (a HEAD):
-  an Avro file written through a PyArrowFile remembers how many bytes it wrote.
+  an Avro file written through a PyArrowFile remembers how many bytes it wrote;
+* reading a manifest, pyiceberg asks for its length first (a HEAD) although
+  the manifest list records it: the recorded length is used (one GET), and a
+  read that fails that way is retried exactly as pyiceberg reads.
 """
 from __future__ import annotations
 
@@ -50,7 +53,14 @@ def _fetch_manifest_entry(self: ManifestFile, io: FileIO, discard_deleted: bool 
         if hit is not None:
             _cache.move_to_end(key)
             return list(hit)
-    entries = _original(self, io, discard_deleted=discard_deleted)
+    entries = None
+    if self.manifest_length and self.manifest_length > 0:
+        try:  # the list records the manifest's length: one GET, no HEAD first
+            entries = _original(self, _SizedIO(io, self.manifest_length), discard_deleted=discard_deleted)
+        except Exception:  # noqa: BLE001 - a length recorded wrong, a store refusing: read it as pyiceberg does
+            entries = None
+    if entries is None:
+        entries = _original(self, io, discard_deleted=discard_deleted)
     with _lock:
         if key not in _cache:
             _cache[key] = entries
@@ -59,6 +69,34 @@ def _fetch_manifest_entry(self: ManifestFile, io: FileIO, discard_deleted: bool 
                 _, dropped = _cache.popitem(last=False)
                 _size -= len(dropped)
     return list(entries)
+
+
+class _SizedIO:
+    """A FileIO stand-in for one manifest whose length the manifest list records (opened without a HEAD)."""
+
+    def __init__(self, io: FileIO, length: int) -> None:
+        self._io, self._length = io, length
+
+    def new_input(self, location: str) -> "_SizedInput":
+        return _SizedInput(location, self._io, self._length)
+
+
+class _SizedInput:
+    """An input file of known length, fetched whole in one request (pyiceberg reads a manifest whole anyway)."""
+
+    def __init__(self, location: str, io: FileIO, length: int) -> None:
+        self.location, self._io, self._length = location, io, length
+
+    def __len__(self) -> int:
+        return self._length
+
+    def exists(self) -> bool:
+        return True
+
+    def open(self, seekable: bool = True) -> Any:
+        from featurelake.storage import storage_of
+
+        return storage_of(self._io).open(self.location, size=self._length, whole_below=self._length)
 
 
 MAX_LISTS = 256

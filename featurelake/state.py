@@ -45,6 +45,7 @@ from featurelake.refs import ancestors
 from featurelake.storage import storage_of
 
 STATE_KEY = "featurelake.state"
+STATE_BYTES_KEY = "featurelake.state-bytes"  # the root's size: an object store reads it in one GET, no HEAD
 # What a reader of the snapshot that ignores update files misses (string values, see summary_props)
 PENDING_FILES_KEY = "featurelake.pending-update-files"
 PENDING_LAYERS_KEY = "featurelake.pending-update-layers"
@@ -167,8 +168,15 @@ def state_of(meta: TableMetadata, io: FileIO, snapshot: Snapshot | None) -> Plat
     for snap in ancestors(meta, snapshot):
         path = snap.summary.get(STATE_KEY) if snap.summary is not None else None
         if path:
-            return _load_root(io, path)
+            return _load_root(io, path, _int(snap.summary.get(STATE_BYTES_KEY)))
     return PlatformState(io=io)
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value else None
+    except ValueError:
+        return None
 
 
 def summary_props(io: FileIO, root_path: str | None) -> dict[str, str]:
@@ -179,6 +187,9 @@ def summary_props(io: FileIO, root_path: str | None) -> dict[str, str]:
     """
     state = _load_root(io, root_path) if root_path else PlatformState(io=io)
     props = {STATE_KEY: root_path} if root_path else {}
+    size = _ROOT_SIZES.get(root_path) if root_path else None
+    if size is not None:
+        props[STATE_BYTES_KEY] = str(size)
     props[PENDING_FILES_KEY] = str(state.update_files)
     props[PENDING_LAYERS_KEY] = str(state.max_layers)
     return props
@@ -286,6 +297,7 @@ class StateWriter:
         root_path = root_path or self.new_root_path()
         with storage_of(self.io).write_new(root_path) as out:
             pq.write_table(pa.table({"state": [json.dumps(root)]}), out)
+            _ROOT_SIZES.put(root_path, out.tell())
         _ROOT_CACHE.put(
             root_path,
             PlatformState(root_path, self.next_seq, {int(k): v for k, v in shards.items()}, tuple(self.index_segments)),
@@ -318,20 +330,22 @@ class _LRU:
 _ROOT_CACHE = _LRU(512)
 _SHARD_CACHE = _LRU(2048)
 _SPLIT_CACHE = _LRU(2048)
+_LOAD_LOCKS = [threading.Lock() for _ in range(16)]
+_ROOT_SIZES = _LRU(512)  # sizes of roots this process wrote, for the summary of the commit that references them
 
 
 def clear_caches() -> None:
     """Forget every cached root and shard (as a fresh process would start)."""
-    for cache in (_ROOT_CACHE, _SHARD_CACHE, _SPLIT_CACHE):
+    for cache in (_ROOT_CACHE, _SHARD_CACHE, _SPLIT_CACHE, _ROOT_SIZES):
         with cache.lock:
             cache.items.clear()
 
 
-def _load_root(io: FileIO, path: str) -> PlatformState:
+def _load_root(io: FileIO, path: str, size: int | None = None) -> PlatformState:
     cached = _ROOT_CACHE.get(path)
     if cached is None:
         try:
-            raw = json.loads(_root_text(storage_of(io).read(path)))
+            raw = json.loads(_root_text(_root_bytes(io, path, size)))
             cached = PlatformState(
                 root_path=path,
                 next_seq=int(raw["next_seq"]),
@@ -342,6 +356,20 @@ def _load_root(io: FileIO, path: str) -> PlatformState:
             raise CorruptFileError(f"platform state file {path} is missing or unreadable: {e!r}", path) from e
         _ROOT_CACHE.put(path, cached)
     return replace(cached, io=io)
+
+
+def _root_bytes(io: FileIO, path: str, size: int | None) -> bytes:
+    """A root's bytes: in one GET when its size is known, else as any file (a size recorded wrong: the latter)."""
+    storage = storage_of(io)
+    if size:
+        try:
+            with storage.open(path, size=size, whole_below=size) as f:
+                data = f.read()
+            if data[:4] == b"PAR1" and data[-4:] == b"PAR1" or data[:1] == b"{":
+                return data
+        except OSError:
+            pass
+    return storage.read(path)
 
 
 def _shard_info(v: dict) -> dict:
@@ -372,10 +400,22 @@ def _shard_entries(io: FileIO | None, path: str, shard: int, size: int | None = 
 
 
 def _load_shard(io: FileIO | None, path: str, size: int | None = None) -> dict[str, list[UpdateEntry]]:
-    """Every entry of a shard file or pack, by data file (cached by path: files are immutable)."""
+    """Every entry of a shard file or pack, by data file (cached by path: files are immutable).
+
+    Concurrent readers of one path (a read's threads, each asking for its data
+    file's entries) wait for one fetch instead of each fetching the file.
+    """
     cached = _SHARD_CACHE.get(path)
     if cached is not None:
         return cached
+    with _LOAD_LOCKS[zlib.crc32(path.encode()) % len(_LOAD_LOCKS)]:
+        cached = _SHARD_CACHE.get(path)
+        if cached is not None:
+            return cached
+        return _fetch_shard(io, path, size)
+
+
+def _fetch_shard(io: FileIO | None, path: str, size: int | None) -> dict[str, list[UpdateEntry]]:
     assert io is not None
     try:
         with storage_of(io).open(path, size=size) as f:
