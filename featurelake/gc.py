@@ -38,7 +38,7 @@ from featurelake.placement import PROJECTIONS_DIR
 from featurelake.sequences.buildinfo import PROP_KEY, store_root
 from featurelake.sequences.collect import BuildPlan, orphan_roots, plan_builds, plan_orphan_root, remove_builds
 from featurelake.state import STATE_KEY, state_of
-from featurelake.storage import PLATFORM_DIR, Storage, StoredFile, is_under, storage_of
+from featurelake.storage import PLATFORM_DIR, Storage, StoredFile, delete_stored, is_under, storage_of
 
 if TYPE_CHECKING:
     from featurelake.lake import Lake
@@ -348,11 +348,8 @@ def collect_garbage(lake: "Lake", older_than: timedelta = timedelta(days=3), dry
             report.bytes += f.size
             counts["files"] += 1
             counts["bytes"] += f.size
-            if not dry_run:
-                try:
-                    f.fs.delete_file(f.path)
-                except FileNotFoundError:
-                    pass  # another collector got there first
+        if not dry_run:
+            delete_stored(plan.garbage)  # batched on S3: one request per 1,000 files
         store = plan.store
         if store is not None and store.doomed:
             report.files.extend("file://" + p for p in store.files)
@@ -409,11 +406,11 @@ def purge_files(lake: "Lake", name: str, ice: IcebergTable) -> int:
     folders = [ice.location()]
     if lake.cache_dir is not None and ice.metadata.properties.get(PROP_KEY):
         folders.append(str(store_root(lake.cache_dir, name, ice)))
-    deleted = 0
+    doomed: list[StoredFile] = []
     for folder in folders:
         for f in storage.list(folder):
             if any(is_under(f.uri, loc) for loc in others) or _is_catalog_file(f):
                 continue
-            storage.delete(f)
-            deleted += 1
-    return deleted
+            doomed.append(f)
+    delete_stored(doomed)
+    return len(doomed)

@@ -98,13 +98,19 @@ class Segment:
     min: int
     max: int
     exact: bool
+    bytes: int | None = None  # the file's size (saves an object store the HEAD); None in older states
 
     def as_dict(self) -> dict:
-        return {"path": self.path, "rows": self.rows, "min": self.min, "max": self.max, "exact": self.exact}
+        d = {"path": self.path, "rows": self.rows, "min": self.min, "max": self.max, "exact": self.exact}
+        if self.bytes is not None:
+            d["bytes"] = self.bytes
+        return d
 
     @staticmethod
     def of(d: dict) -> "Segment":
-        return Segment(d["path"], int(d["rows"]), int(d["min"]), int(d["max"]), bool(d["exact"]))
+        size = d.get("bytes")
+        return Segment(d["path"], int(d["rows"]), int(d["min"]), int(d["max"]), bool(d["exact"]),
+                       int(size) if size is not None else None)
 
 
 @dataclass(frozen=True)
@@ -161,7 +167,7 @@ class _Segment:
                 self.lo = np.array([seg.min], np.int64)
                 self.hi = np.array([seg.max], np.int64)
             else:
-                self.parquet = pq.ParquetFile(storage_of(io).open(seg.path), pre_buffer=True)
+                self.parquet = pq.ParquetFile(storage_of(io).open(seg.path, size=seg.bytes), pre_buffer=True)
                 self.whole = None
                 md = self.parquet.metadata
                 meta = self.parquet.schema_arrow.metadata or {}
@@ -273,7 +279,8 @@ def _write(io: FileIO, location: str, files: list[str], k: np.ndarray, f: np.nda
             table, out, row_group_size=BUCKET_ROWS, compression="zstd", use_dictionary=["f"],
             column_encoding={"k": "DELTA_BINARY_PACKED", "p": "DELTA_BINARY_PACKED"}, write_statistics=["k"],
         )
-    return Segment(path, len(k), int(k[0]), int(k[-1]), exact)
+        size = out.tell()
+    return Segment(path, len(k), int(k[0]), int(k[-1]), exact, size)
 
 
 def _positions(k: np.ndarray, keys: np.ndarray) -> np.ndarray:

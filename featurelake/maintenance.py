@@ -26,7 +26,8 @@ from featurelake import placement as _placement
 from featurelake.health import SMALL_FILE_BYTES, SMALL_FILE_PROPERTY
 from featurelake.commit import cleanup_on_failure, commit, delete_quietly, optimistic
 from featurelake.errors import CorruptFileError
-from featurelake.rewrite import merged_rows, rewrite_scan, write_data_files
+from featurelake.datafiles import index_keys
+from featurelake.rewrite import merged_rows, rewrite_scan, write_files
 from featurelake.state import StateWriter, summary_props
 
 if TYPE_CHECKING:
@@ -130,6 +131,7 @@ class BinRewrite:
 
     files: list[DataFile]
     bad: dict[str, str] = field(default_factory=dict)
+    keys: dict[str, Any] = field(default_factory=dict)  # new file -> its index keys in row order (not read back)
 
 
 # Rewrites bins of (table, rewrite scan, bins, target file bytes, bad-file budget, progress, column_order=None)
@@ -158,12 +160,25 @@ def rewrite_bin(
             bad[t.file.file_path] = str(e)
             warnings.warn(f"compaction leaves a bad file in place: {e}", stacklevel=2)
     rows = pa.concat_tables(parts) if parts else None
-    files = (
-        write_data_files(ice, rows, write_uuid, counter, target_file_bytes=target, column_order=column_order)
+    written = (
+        write_files(ice, rows, write_uuid, counter, target_file_bytes=target, column_order=column_order)
         if rows is not None
         else []
     )
-    return BinRewrite(files, bad)
+    key_columns = _primary_key(ice)
+    keys = {}
+    if key_columns and all(w.rows is not None and set(key_columns) <= set(w.rows.column_names) for w in written):
+        keys = {path: index.encode(k) for path, k in index_keys(written, key_columns)}
+    return BinRewrite([w.data_file for w in written], bad, keys)
+
+
+def _primary_key(ice: IcebergTable) -> list[str]:
+    """The table's key columns (as ``Table.primary_key``), empty when it has none."""
+    declared = ice.metadata.properties.get("featurelake.primary-key")
+    if declared:
+        return declared.split(",")
+    schema = ice.schema()
+    return [schema.find_column_name(i) for i in schema.identifier_field_ids]
 
 
 def rewrite_here(
@@ -262,7 +277,9 @@ def compact(
             written.extend(f.file_path for f in result.files)
             bad.update(result.bad)
             inputs = [t.file for t in bin_ if t.file.file_path not in result.bad]
-            fresh = index.file_keys(ice, [f.file_path for f in result.files], table.primary_key)
+            unknown = [f.file_path for f in result.files if f.file_path not in result.keys]
+            read_back = dict(index.file_keys(ice, unknown, table.primary_key)) if unknown else {}
+            fresh = [(f.file_path, result.keys.get(f.file_path, read_back.get(f.file_path))) for f in result.files]
             reuse[key] = _Bin(inputs, result.files, fresh)
         if len(bad) > budget:
             path = sorted(bad)[0]

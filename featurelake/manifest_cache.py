@@ -12,14 +12,30 @@ list (added snapshot id, sequence number, spec id), so entries read before a
 manifest was committed are never reused for the committed one. Callers get a
 new list of the (shared, read-only) entries. The patch is process-wide and
 keeps pyiceberg's behaviour; only repeated reads are saved.
+
+Two more requests per commit are saved on an object store the same way:
+
+* manifest *lists* are immutable too, and pyiceberg re-reads the parent's for
+  every plan and commit step (a HEAD and a GET each time): cached by path, and
+  a list this process writes is cached as written (the next commit or read of
+  that snapshot reads nothing);
+* after writing a manifest pyiceberg asks the store for its length (a HEAD):
+  an Avro file written through a PyArrowFile remembers how many bytes it wrote;
+* reading a manifest, pyiceberg asks for its length first (a HEAD) although
+  the manifest list records it: the recorded length is used (one GET), and a
+  read that fails that way is retried exactly as pyiceberg reads.
 """
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
 
+from typing import Any
+
+import pyiceberg.table.snapshots as _snapshots
 from pyiceberg.io import FileIO
-from pyiceberg.manifest import ManifestEntry, ManifestFile
+from pyiceberg.io.pyarrow import PyArrowFile
+from pyiceberg.manifest import ManifestEntry, ManifestFile, ManifestListWriter
 
 MAX_ENTRIES = 500_000  # bounds memory: about 1-2 KB per entry
 
@@ -37,7 +53,14 @@ def _fetch_manifest_entry(self: ManifestFile, io: FileIO, discard_deleted: bool 
         if hit is not None:
             _cache.move_to_end(key)
             return list(hit)
-    entries = _original(self, io, discard_deleted=discard_deleted)
+    entries = None
+    if self.manifest_length and self.manifest_length > 0:
+        try:  # the list records the manifest's length: one GET, no HEAD first
+            entries = _original(self, _SizedIO(io, self.manifest_length), discard_deleted=discard_deleted)
+        except Exception:  # noqa: BLE001 - a length recorded wrong, a store refusing: read it as pyiceberg does
+            entries = None
+    if entries is None:
+        entries = _original(self, io, discard_deleted=discard_deleted)
     with _lock:
         if key not in _cache:
             _cache[key] = entries
@@ -48,6 +71,118 @@ def _fetch_manifest_entry(self: ManifestFile, io: FileIO, discard_deleted: bool 
     return list(entries)
 
 
+class _SizedIO:
+    """A FileIO stand-in for one manifest whose length the manifest list records (opened without a HEAD)."""
+
+    def __init__(self, io: FileIO, length: int) -> None:
+        self._io, self._length = io, length
+
+    def new_input(self, location: str) -> "_SizedInput":
+        return _SizedInput(location, self._io, self._length)
+
+
+class _SizedInput:
+    """An input file of known length, fetched whole in one request (pyiceberg reads a manifest whole anyway)."""
+
+    def __init__(self, location: str, io: FileIO, length: int) -> None:
+        self.location, self._io, self._length = location, io, length
+
+    def __len__(self) -> int:
+        return self._length
+
+    def exists(self) -> bool:
+        return True
+
+    def open(self, seekable: bool = True) -> Any:
+        from featurelake.storage import storage_of
+
+        return storage_of(self._io).open(self.location, size=self._length, whole_below=self._length)
+
+
+MAX_LISTS = 256
+_original_lists = _snapshots._manifests
+_lists: OrderedDict[str, tuple[ManifestFile, ...]] = OrderedDict()
+
+
+def _manifests(io: FileIO, manifest_list: str) -> tuple[ManifestFile, ...]:
+    with _lock:
+        hit = _lists.get(manifest_list)
+        if hit is not None:
+            _lists.move_to_end(manifest_list)
+            return hit
+    found = tuple(_original_lists(io, manifest_list))
+    with _lock:
+        _lists[manifest_list] = found
+        while len(_lists) > MAX_LISTS:
+            _lists.popitem(last=False)
+    return found
+
+
+_original_add = ManifestListWriter.add_manifests
+
+
+def _add_manifests(self: ManifestListWriter, manifest_files: list[ManifestFile]) -> ManifestListWriter:
+    """Write the list as pyiceberg does, and remember exactly what was written under its path."""
+    prepared = [self.prepare_manifest(m) for m in manifest_files]  # what the writer stores (sequence numbers set)
+    self._writer.write_block(prepared)
+    with _lock:
+        _lists[self._output_file.location] = tuple(prepared)
+        while len(_lists) > MAX_LISTS:
+            _lists.popitem(last=False)
+    return self
+
+
+class _Counted:
+    """An output stream that remembers how many bytes went through it (for ``len()`` after writing)."""
+
+    def __init__(self, stream: Any, owner: PyArrowFile) -> None:
+        self._stream, self._owner, self._n = stream, owner, 0
+
+    def write(self, data: Any) -> int:
+        self._n += len(data)
+        return self._stream.write(data)
+
+    def close(self) -> None:
+        self._stream.close()
+        self._owner._featurelake_written = self._n  # type: ignore[attr-defined]
+
+    def __enter__(self) -> "_Counted":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+_original_create = PyArrowFile.create
+_original_len = PyArrowFile.__len__
+
+
+def _create(self: PyArrowFile, overwrite: bool = False) -> Any:
+    stream = _original_create(self, overwrite=overwrite)
+    return _Counted(stream, self) if self.location.endswith(".avro") else stream
+
+
+def _len(self: PyArrowFile) -> int:
+    written = getattr(self, "_featurelake_written", None)
+    return written if written is not None else _original_len(self)
+
+
+def clear() -> None:
+    """Forget every cached manifest and manifest list (as a fresh process would start)."""
+    global _size
+    with _lock:
+        _cache.clear()
+        _lists.clear()
+        _size = 0
+
+
 def install() -> None:
     """Route pyiceberg's manifest reads through the cache (idempotent)."""
     ManifestFile.fetch_manifest_entry = _fetch_manifest_entry  # type: ignore[method-assign]
+    _snapshots._manifests = _manifests  # type: ignore[attr-defined]
+    ManifestListWriter.add_manifests = _add_manifests  # type: ignore[method-assign]
+    PyArrowFile.create = _create  # type: ignore[method-assign]
+    PyArrowFile.__len__ = _len  # type: ignore[method-assign]

@@ -41,7 +41,7 @@ from featurelake.filters import bind_filter, referenced_ids, relax_stale
 from featurelake.guard import manifest_errors
 from featurelake.schema import LOCATOR_FILE, LOCATOR_POS, arrow_schema
 from featurelake.state import PlatformState, UpdateEntry
-from featurelake.storage import storage_of
+from featurelake.storage import SMALL_OBJECT_BYTES, open_remote, storage_of
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table as IcebergTable
@@ -168,6 +168,8 @@ class Scan:
                 if size and not path.startswith("file:"):
                     _, fs, fs_path = storage_of(self.io).resolve(path)
                     if not isinstance(fs, pafs.LocalFileSystem):
+                        if size <= SMALL_OBJECT_BYTES:  # footer and columns in one GET, not two
+                            return pq.ParquetFile(open_remote(fs, fs_path, size, SMALL_OBJECT_BYTES))
                         return _RemoteParquet(fs, fs_path, size)
                 # Pre-buffering coalesces reads on object storage; on local disk it only costs.
                 return pq.ParquetFile(self.io.new_input(path).open(), pre_buffer=not path.startswith("file:"))

@@ -13,7 +13,12 @@ it touched:
   ids, totals, and a map ``shard -> shard file``;
 * Parquet *shards*, one row per live update file, each holding the entries of
   the data files whose path hashes to that shard. A commit writes only the
-  shards it changed and references the others unchanged.
+  shards it changed and references the others unchanged. The shards one
+  commit changed are written together in one file (a *pack*: one PUT on an
+  object store, however many shards changed); the root maps each shard to the
+  file that holds its current entries, and a shard's entries are the rows of
+  that file whose data file hashes to it (an older pack's rows of a shard
+  rewritten since are ignored).
 
 A snapshot without the summary key (an append, or another engine's commit)
 inherits its nearest ancestor's state. Every file is immutable and cached by
@@ -37,10 +42,10 @@ from pyiceberg.table.snapshots import Snapshot
 
 from featurelake.errors import CorruptFileError
 from featurelake.refs import ancestors
-from featurelake.threads import run_all
 from featurelake.storage import storage_of
 
 STATE_KEY = "featurelake.state"
+STATE_BYTES_KEY = "featurelake.state-bytes"  # the root's size: an object store reads it in one GET, no HEAD
 # What a reader of the snapshot that ignores update files misses (string values, see summary_props)
 PENDING_FILES_KEY = "featurelake.pending-update-files"
 PENDING_LAYERS_KEY = "featurelake.pending-update-layers"
@@ -109,10 +114,10 @@ class PlatformState:
     def max_layers(self) -> int:
         """The most update files stacked on one data file (the root's per-shard figure when it has one)."""
         most = 0
-        for info in self.shard_info.values():
+        for shard, info in self.shard_info.items():
             layers = info.get("layers")
             if layers is None:  # a root written before shards recorded it
-                layers = max((len(es) for es in _load_shard(self.io, info["path"]).values()), default=0)
+                layers = max((len(es) for es in _shard_entries(self.io, info["path"], shard, info.get("size")).values()), default=0)
             most = max(most, int(layers))
         return most
 
@@ -126,27 +131,28 @@ class PlatformState:
 
     def entries_for(self, data_file: str) -> list[UpdateEntry]:
         """Update files of ``data_file`` in commit order (oldest first)."""
-        info = self.shard_info.get(shard_of(data_file))
+        shard = shard_of(data_file)
+        info = self.shard_info.get(shard)
         if info is None:
             return []
-        return _load_shard(self.io, info["path"]).get(data_file, [])
+        return _shard_entries(self.io, info["path"], shard, info.get("size")).get(data_file, [])
 
     def by_data_file(self, data_files: Iterable[str] | None = None) -> dict[str, list[UpdateEntry]]:
         """Entries grouped by data file, for ``data_files`` or for all."""
         if data_files is None:
             out: dict[str, list[UpdateEntry]] = {}
-            for path in self.shards.values():
-                out.update(_load_shard(self.io, path))
+            for shard, info in self.shard_info.items():
+                out.update(_shard_entries(self.io, info["path"], shard, info.get("size")))
             return out
         wanted: dict[int, list[str]] = {}
         for f in data_files:
             wanted.setdefault(shard_of(f), []).append(f)
         out = {}
         for shard, files in wanted.items():
-            path = self.shards.get(shard)
-            if path is None:
+            info = self.shard_info.get(shard)
+            if info is None:
                 continue
-            loaded = _load_shard(self.io, path)
+            loaded = _shard_entries(self.io, info["path"], shard, info.get("size"))
             for f in files:
                 if f in loaded:
                     out[f] = loaded[f]
@@ -162,8 +168,15 @@ def state_of(meta: TableMetadata, io: FileIO, snapshot: Snapshot | None) -> Plat
     for snap in ancestors(meta, snapshot):
         path = snap.summary.get(STATE_KEY) if snap.summary is not None else None
         if path:
-            return _load_root(io, path)
+            return _load_root(io, path, _int(snap.summary.get(STATE_BYTES_KEY)))
     return PlatformState(io=io)
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value else None
+    except ValueError:
+        return None
 
 
 def summary_props(io: FileIO, root_path: str | None) -> dict[str, str]:
@@ -174,6 +187,9 @@ def summary_props(io: FileIO, root_path: str | None) -> dict[str, str]:
     """
     state = _load_root(io, root_path) if root_path else PlatformState(io=io)
     props = {STATE_KEY: root_path} if root_path else {}
+    size = _ROOT_SIZES.get(root_path) if root_path else None
+    if size is not None:
+        props[STATE_BYTES_KEY] = str(size)
     props[PENDING_FILES_KEY] = str(state.update_files)
     props[PENDING_LAYERS_KEY] = str(state.max_layers)
     return props
@@ -206,8 +222,8 @@ class StateWriter:
 
     def _shard(self, shard: int) -> dict[str, list[UpdateEntry]]:
         if shard not in self._changed:
-            path = self.base.shards.get(shard)
-            loaded = _load_shard(self.io, path) if path else {}
+            info = self.base.shard_info.get(shard)
+            loaded = _shard_entries(self.io, info["path"], shard, info.get("size")) if info else {}
             self._changed[shard] = {k: list(v) for k, v in loaded.items()}
         return self._changed[shard]
 
@@ -248,23 +264,30 @@ class StateWriter:
         touched, not the size of the whole state.
         """
         shards = dict(self.base.shard_info)
-        jobs = []
+        pack = f"{self.location}/shard-{uuid.uuid4().hex}.parquet"
+        packed: list[UpdateEntry] = []
         for shard, entries in self._changed.items():
             rows = [e for es in entries.values() for e in es]
             if not rows:
                 shards.pop(shard, None)
                 continue
-            jobs.append((shard, entries, rows, f"{self.location}/shard-{shard:02d}-{uuid.uuid4().hex}.parquet"))
-        run_all(lambda job: _write_shard(self.io, job[3], job[2]), jobs)  # the shards of a commit at once
-        for shard, entries, rows, path in jobs:
-            _SHARD_CACHE.put(path, {k: sorted(v, key=lambda e: e.seq) for k, v in entries.items() if v})
+            packed.extend(rows)
             shards[shard] = {
-                "path": path,
+                "path": pack,
                 "files": len(rows),
                 "bytes": sum(e.bytes for e in rows),
                 "field_ids": sorted({f for e in rows for f in e.field_ids}),
                 "layers": max(len(es) for es in entries.values()),
             }
+        if packed:  # every changed shard in one file: one PUT, however many shards changed
+            pack_bytes = _write_shard(self.io, pack, packed)
+            for shard in self._changed:
+                if shards.get(shard, {}).get("path") == pack:
+                    shards[shard]["size"] = pack_bytes
+            by_file: dict[str, list[UpdateEntry]] = {}
+            for e in sorted(packed, key=lambda e: e.seq):
+                by_file.setdefault(e.data_file, []).append(e)
+            _SHARD_CACHE.put(pack, by_file)
         root = {
             "format": FORMAT,
             "next_seq": self.next_seq,
@@ -274,6 +297,7 @@ class StateWriter:
         root_path = root_path or self.new_root_path()
         with storage_of(self.io).write_new(root_path) as out:
             pq.write_table(pa.table({"state": [json.dumps(root)]}), out)
+            _ROOT_SIZES.put(root_path, out.tell())
         _ROOT_CACHE.put(
             root_path,
             PlatformState(root_path, self.next_seq, {int(k): v for k, v in shards.items()}, tuple(self.index_segments)),
@@ -305,13 +329,23 @@ class _LRU:
 
 _ROOT_CACHE = _LRU(512)
 _SHARD_CACHE = _LRU(2048)
+_SPLIT_CACHE = _LRU(2048)
+_LOAD_LOCKS = [threading.Lock() for _ in range(16)]
+_ROOT_SIZES = _LRU(512)  # sizes of roots this process wrote, for the summary of the commit that references them
 
 
-def _load_root(io: FileIO, path: str) -> PlatformState:
+def clear_caches() -> None:
+    """Forget every cached root and shard (as a fresh process would start)."""
+    for cache in (_ROOT_CACHE, _SHARD_CACHE, _SPLIT_CACHE, _ROOT_SIZES):
+        with cache.lock:
+            cache.items.clear()
+
+
+def _load_root(io: FileIO, path: str, size: int | None = None) -> PlatformState:
     cached = _ROOT_CACHE.get(path)
     if cached is None:
         try:
-            raw = json.loads(_root_text(storage_of(io).read(path)))
+            raw = json.loads(_root_text(_root_bytes(io, path, size)))
             cached = PlatformState(
                 root_path=path,
                 next_seq=int(raw["next_seq"]),
@@ -322,6 +356,20 @@ def _load_root(io: FileIO, path: str) -> PlatformState:
             raise CorruptFileError(f"platform state file {path} is missing or unreadable: {e!r}", path) from e
         _ROOT_CACHE.put(path, cached)
     return replace(cached, io=io)
+
+
+def _root_bytes(io: FileIO, path: str, size: int | None) -> bytes:
+    """A root's bytes: in one GET when its size is known, else as any file (a size recorded wrong: the latter)."""
+    storage = storage_of(io)
+    if size:
+        try:
+            with storage.open(path, size=size, whole_below=size) as f:
+                data = f.read()
+            if data[:4] == b"PAR1" and data[-4:] == b"PAR1" or data[:1] == b"{":
+                return data
+        except OSError:
+            pass
+    return storage.read(path)
 
 
 def _shard_info(v: dict) -> dict:
@@ -340,13 +388,37 @@ def _root_text(data: bytes) -> str:
     return data.decode()
 
 
-def _load_shard(io: FileIO | None, path: str) -> dict[str, list[UpdateEntry]]:
+def _shard_entries(io: FileIO | None, path: str, shard: int, size: int | None = None) -> dict[str, list[UpdateEntry]]:
+    """The entries of ``shard`` in the shard file or pack at ``path`` (a pack also holds other shards)."""
+    split = _SPLIT_CACHE.get(path)
+    if split is None:
+        split = {}
+        for f, es in _load_shard(io, path, size).items():
+            split.setdefault(shard_of(f), {})[f] = es
+        _SPLIT_CACHE.put(path, split)
+    return split.get(shard, {})
+
+
+def _load_shard(io: FileIO | None, path: str, size: int | None = None) -> dict[str, list[UpdateEntry]]:
+    """Every entry of a shard file or pack, by data file (cached by path: files are immutable).
+
+    Concurrent readers of one path (a read's threads, each asking for its data
+    file's entries) wait for one fetch instead of each fetching the file.
+    """
     cached = _SHARD_CACHE.get(path)
     if cached is not None:
         return cached
+    with _LOAD_LOCKS[zlib.crc32(path.encode()) % len(_LOAD_LOCKS)]:
+        cached = _SHARD_CACHE.get(path)
+        if cached is not None:
+            return cached
+        return _fetch_shard(io, path, size)
+
+
+def _fetch_shard(io: FileIO | None, path: str, size: int | None) -> dict[str, list[UpdateEntry]]:
     assert io is not None
     try:
-        with storage_of(io).open(path) as f:
+        with storage_of(io).open(path, size=size) as f:
             tbl = pq.read_table(f)
     except (OSError, pa.ArrowInvalid) as e:
         raise CorruptFileError(f"platform state shard {path} is missing or unreadable: {e}", path) from e
@@ -370,7 +442,8 @@ def _load_shard(io: FileIO | None, path: str) -> dict[str, list[UpdateEntry]]:
     return out
 
 
-def _write_shard(io: FileIO, path: str, entries: list[UpdateEntry]) -> None:
+def _write_shard(io: FileIO, path: str, entries: list[UpdateEntry]) -> int:
+    """Write a shard file (or pack); returns its size in bytes."""
     entries = sorted(entries, key=lambda e: (e.data_file, e.seq))
     tbl = pa.Table.from_pydict(
         {
@@ -387,3 +460,4 @@ def _write_shard(io: FileIO, path: str, entries: list[UpdateEntry]) -> None:
     )
     with storage_of(io).write_new(path) as out:
         pq.write_table(tbl, out, compression="zstd")
+        return out.tell()

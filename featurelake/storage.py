@@ -44,6 +44,8 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 from featurelake.guard import note_created
 
 _SCHEME_ALIASES = {"s3a": "s3", "s3n": "s3", "gcs": "gs"}
+FOOTER_READ_BYTES = 64 << 10  # the tail Arrow's Parquet reader fetches first for the footer
+SMALL_OBJECT_BYTES = 1 << 20  # a file this small is cheaper fetched whole than in two requests
 
 # Object stores that serve an Iceberg catalog (S3 Tables, SeaweedFS) accept only
 # Iceberg file types in a table's folder: Parquet/Avro/ORC under data/, Avro and
@@ -130,10 +132,25 @@ class Storage:
             raise FileNotFoundError(location)
         return int(info.size or 0)
 
-    def open(self, location: str) -> pa.NativeFile:
-        """A random-access reader of the file."""
-        _, fs, path = self.resolve(location)
-        return fs.open_input_file(path)
+    def open(self, location: str, size: int | None = None, whole_below: int = FOOTER_READ_BYTES) -> pa.NativeFile:
+        """A random-access reader of the file.
+
+        On an object store, ``size`` (when the caller knows it: from a
+        manifest, the platform state) saves the HEAD request opening a file
+        costs, and a file of at most ``whole_below`` bytes is fetched whole in
+        one GET: by default files no larger than the tail a Parquet reader
+        fetches for its footer anyway, so the footer read and the column reads
+        after it are one request, never more bytes.
+        """
+        scheme, fs, path = self.resolve(location)
+        if scheme == "file" or isinstance(fs, pafs.LocalFileSystem):
+            return fs.open_input_file(path)
+        if size is None:
+            info = fs.get_file_info(path)  # the HEAD opening the file would make anyway
+            if info.type != pafs.FileType.File:
+                raise FileNotFoundError(location)
+            size = int(info.size or 0)
+        return open_remote(fs, path, size, whole_below)
 
     def read(self, location: str) -> bytes:
         with self.open(location) as f:
@@ -173,6 +190,10 @@ class Storage:
             out.write(data)
         return len(data)
 
+    def delete_many(self, files: "list[StoredFile]") -> None:
+        """Delete listed files, batched on S3 (see :func:`delete_stored`)."""
+        delete_stored(files)
+
     def delete(self, target: "str | StoredFile") -> None:
         """Delete one file (a location or a listed StoredFile)."""
         if isinstance(target, StoredFile):
@@ -180,6 +201,56 @@ class Storage:
             return
         _, fs, path = self.resolve(target)
         fs.delete_file(path)
+
+
+def open_remote(fs: pafs.FileSystem, path: str, size: int, whole_below: int = FOOTER_READ_BYTES) -> pa.NativeFile:
+    """A reader of an object-store file of known ``size``.
+
+    A file of at most ``whole_below`` bytes is fetched whole: on S3 with one
+    signed GET and no HEAD (featurelake.s3sign), elsewhere (or when that GET
+    cannot be made) through pyarrow. A larger file is opened with pyarrow as
+    usual (the Parquet reader uses a dataset fragment of known size instead:
+    read.py). A size recorded wrong surfaces as an error reading the file (the
+    callers that take a size from metadata retry without it).
+    """
+    if 0 < size <= whole_below and isinstance(fs, pafs.S3FileSystem):
+        from featurelake.s3sign import get_object
+
+        data = get_object(fs, path, size)  # one signed GET (pyarrow would HEAD first)
+        if data is not None:
+            return pa.BufferReader(data)
+    f = fs.open_input_file(path)
+    if size > whole_below:
+        return f
+    with f:
+        data = f.read_at(size, 0) if size else b""
+    if len(data) != size:
+        raise OSError(f"{path}: read {len(data)} bytes, its recorded size is {size}")
+    return pa.BufferReader(data)
+
+
+def delete_stored(files: "list[StoredFile]") -> None:
+    """Delete listed files; on S3 in DeleteObjects batches of explicitly named keys.
+
+    A batch costs one request for up to 1,000 files where pyarrow's
+    ``delete_file`` costs three per file (HEAD, DELETE and a PUT recreating the
+    folder marker; see featurelake.s3sign). Files a batch could not delete are
+    deleted one by one, so errors are those of :meth:`Storage.delete`; a file
+    already gone is no error (another collector got there first).
+    """
+    from featurelake.s3sign import delete_objects
+
+    groups: dict[int, tuple[pafs.FileSystem, list[StoredFile]]] = {}
+    for f in files:
+        groups.setdefault(id(f.fs), (f.fs, []))[1].append(f)
+    for fs, group in groups.values():
+        left = set(delete_objects(fs, [f.path for f in group])) if isinstance(fs, pafs.S3FileSystem) else None
+        for f in group:
+            if left is None or f.path in left:
+                try:
+                    fs.delete_file(f.path)
+                except FileNotFoundError:
+                    pass
 
 
 def _delay_s3_opens(io: PyArrowFileIO) -> None:
@@ -238,4 +309,4 @@ def table_storage(ice) -> Storage:
     return storage_of(ice.io)
 
 
-__all__ = ["PLATFORM_DIR", "Storage", "StoredFile", "is_under", "platform_dir", "storage_of", "table_storage"]
+__all__ = ["FOOTER_READ_BYTES", "PLATFORM_DIR", "SMALL_OBJECT_BYTES", "open_remote", "Storage", "StoredFile", "delete_stored", "is_under", "platform_dir", "storage_of", "table_storage"]

@@ -28,7 +28,8 @@ from featurelake.commit import cleanup_on_failure, commit, delete_quietly, optim
 from featurelake.errors import SchemaMismatchError
 from featurelake.keys import ROW, check_keys, conform_keys, find
 from featurelake.livefiles import snapshot_files
-from featurelake.rewrite import write_data_files
+from featurelake.datafiles import index_keys
+from featurelake.rewrite import write_files as write_rows_files
 from featurelake.schema import RESERVED_PREFIX, arrow_schema, check_column_names, conform, to_table
 from featurelake.state import STATE_KEY, StateWriter, summary_props
 from featurelake.updates import UpdateFileWriter, UpdateReport, _check_types, add_columns, fit_values, located_rows, stage_update_files
@@ -104,12 +105,14 @@ def upsert(table: "Table", data: Any, branch: str = refs.MAIN, *, write_files: U
                 update_files, update_bytes = update_files + files, update_bytes + size
         data_files = []
         if rows is not None:
-            data_files = write_data_files(ice, rows, metadata=tx.table_metadata)
+            new = write_rows_files(ice, rows, metadata=tx.table_metadata)
+            data_files = [w.data_file for w in new]
             written.extend(f.file_path for f in data_files)
             for f in data_files:
                 producer.append_data_file(f)
             live_after = set(snapshot_files(ice, head)) | {f.file_path for f in data_files}
-            index.extend(ice, writer, [f.file_path for f in data_files], keys, live_after)
+            known = {path: k for path, k in index_keys(new, keys) if k is not None}  # indexed from memory, not read back
+            index.extend(ice, writer, [f.file_path for f in data_files], keys, live_after, known=known)
         writer.write(root_path)
         props.update(summary_props(ice.io, root_path))  # the producer reads its summary at commit
         producer.commit()

@@ -11,7 +11,7 @@ import os
 import signal
 from pathlib import Path
 
-KINDS = {"backfill": ("featurelake.updates", "write_job"), "compact": ("featurelake.maintenance", "write_data_files")}
+KINDS = {"backfill": ("featurelake.updates", "write_job"), "compact": ("featurelake.maintenance", "write_files")}
 
 
 ENV = "FEATURELAKE_TEST_FAULTS"  # the fault folder, set in the workers' environment

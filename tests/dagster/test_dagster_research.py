@@ -4,6 +4,7 @@ import pyarrow as pa
 import pytest
 from dagster import AssetCheckSeverity, AssetKey, SkipReason, build_sensor_context, materialize
 
+from backends import both_backends
 from dagster_test_helpers import ROWS
 
 DAY, DAY2 = "2026-01-01", "2026-01-02"
@@ -32,15 +33,15 @@ def _resources(lake_home):
     return {"lake": LakeResource(home=str(lake_home))}
 
 
-def _main_day(day, lake_home, instance):
+def _main_day(day, lake_home, instance, resources=None):
     from assets.main import main_assets
 
-    result = materialize(main_assets, instance=instance, partition_key=day, resources=_resources(lake_home),
+    result = materialize(main_assets, instance=instance, partition_key=day, resources=resources or _resources(lake_home),
                          run_config={"ops": {"raw_impressions": {"config": {"rows_per_day": ROWS}}}})
     assert result.success
 
 
-def _research(key, lake_home, instance, features=None, tags=None, nodes=None):
+def _research(key, lake_home, instance, features=None, tags=None, nodes=None, resources=None):
     from assets import research
 
     instance.add_dynamic_partitions(research.research_partitions.name, [key])
@@ -49,7 +50,7 @@ def _research(key, lake_home, instance, features=None, tags=None, nodes=None):
         nodes or [*research.research_assets, *research.research_checks],
         instance=instance,
         partition_key=key,
-        resources=_resources(lake_home),
+        resources=resources or _resources(lake_home),
         run_config={"ops": ops} if ops else None,
         tags=tags or {},
         raise_on_error=False,
@@ -147,6 +148,37 @@ def test_gate_blocks_failing_branch_then_merges_narrowed_branch(lake_home, insta
     assert instance.get_materialized_partitions(AssetKey("branch_merge")) == {"exp"}
 
 
+@both_backends
+def test_research_group_gates_and_merges_on_both_backends(env_resource, instance, spec_file):
+    """The research group and its quality checks on the embedded lake and on REST + S3 (the
+    lake named by the environment): the failing branch is blocked, main untouched; the sound
+    one is merged with values equal to the numpy oracle."""
+    from assets.main import main_assets
+    from featurelake import Lake
+
+    resources = {"lake": env_resource}
+    day = materialize(main_assets, instance=instance, partition_key=DAY, resources=resources,
+                      run_config={"ops": {"raw_impressions": {"config": {"rows_per_day": ROWS}}}})
+    assert day.success
+    t = Lake.from_env().table("ml.samples")
+    before = t.branches()["main"]
+
+    blocked = _research("exp", None, instance, resources=resources)
+    assert not blocked.success
+    assert {k: c.passed for k, c in _checks(blocked).items()} == {
+        "null_fraction": False, "value_range": False, "distinct_count": True, "drift": False}
+    assert "branch_merge" not in _steps_succeeded(blocked)
+    t = Lake.from_env().table("ml.samples")
+    assert t.branches()["main"] == before
+
+    merged = _research("sound", None, instance, resources=resources)
+    assert merged.success and all(c.passed for c in _checks(merged).values())
+    t = Lake.from_env().table("ml.samples")
+    assert t.branches()["main"] == t.branches()["research/sound"] != before
+    got, want = _blend_oracle(t)
+    np.testing.assert_allclose(got, want, rtol=1e-6, equal_nan=True)
+
+
 def test_spec_from_yaml_merges_passing_branch(lake_home, instance, spec_file):
     _main_day(DAY, lake_home, instance)
     t = _table(lake_home)
@@ -196,24 +228,28 @@ def test_override_is_explicit_and_recorded(lake_home, instance, spec_file):
 
 
 # ---------------------------------------------------------------------- labels
-def _target(name, lake_home, instance):
+def _target(name, lake_home, instance, resources=None):
     from assets.label_targets import labels_assets, target_partitions
 
     instance.add_dynamic_partitions(target_partitions.name, [name])
-    return materialize(labels_assets, instance=instance, partition_key=name, resources=_resources(lake_home),
+    return materialize(labels_assets, instance=instance, partition_key=name, resources=resources or _resources(lake_home),
                        raise_on_error=False)
 
 
-def test_target_labels_only_on_their_branch(lake_home, instance):
+@both_backends
+def test_target_labels_only_on_their_branch(env_resource, instance):
+    """The labels group, on the embedded lake and on REST + S3 (the lake named by the environment)."""
     from assets.main import START
+    from featurelake import Lake
     from featurelake.synthetic import impressions_for_day, impressions_schema
 
-    _main_day(DAY, lake_home, instance)
-    t = _table(lake_home)
+    resources = {"lake": env_resource}
+    _main_day(DAY, None, instance, resources)
+    t = Lake.from_env().table("ml.samples")
     main_before = t.branches()["main"]
     main_stats = t.stats()
 
-    results = {name: _target(name, lake_home, instance) for name in ("ctr", "long_dwell")}
+    results = {name: _target(name, None, instance, resources) for name in ("ctr", "long_dwell")}
     assert all(r.success for r in results.values())
     assert t.branches()["main"] == main_before  # main untouched
     md = _md(results["ctr"], "target_labels")
@@ -242,16 +278,16 @@ def test_target_labels_only_on_their_branch(lake_home, instance):
     assert set(t.read(columns=["label_long_dwell"]).column(0).to_pylist()) == {None}
 
     # again: nothing left to label, nothing written
-    again = _md(_target("ctr", lake_home, instance), "target_labels")
+    again = _md(_target("ctr", None, instance, resources), "target_labels")
     assert again["rows_labelled"] == 0 and again["bytes_written"] == 0 and again["branch_action"] == "up to date"
     # a new day on main: the branch is rebased and only the new day is labelled
-    _main_day(DAY2, lake_home, instance)
-    later = _md(_target("ctr", lake_home, instance), "target_labels")
+    _main_day(DAY2, None, instance, resources)
+    later = _md(_target("ctr", None, instance, resources), "target_labels")
     assert later["branch_action"] == "rebased onto main" and later["rows_labelled"] == ROWS
     assert later["rows_labelled_total"] == 2 * ROWS
     assert t.read(columns=["label_ctr"], branch="labels/ctr").column(0).null_count == 0
 
-    unknown = _target("no_such_target", lake_home, instance)
+    unknown = _target("no_such_target", None, instance, resources)
     assert not unknown.success
     assert "unknown training target" in str(unknown.get_step_failure_events()[0].event_specific_data.error)
 

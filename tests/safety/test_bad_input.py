@@ -364,11 +364,11 @@ def _damaged_lake(tmp_path) -> tuple[Path, Lake]:
 
 
 def _clear_caches():
-    from featurelake import index, merge, state
+    from featurelake import index, manifest_cache, merge, state
 
     index.clear_caches()
-    state._ROOT_CACHE.items.clear()
-    state._SHARD_CACHE.items.clear()
+    manifest_cache.clear()
+    state.clear_caches()
     merge._FILES_CACHE.clear()
 
 
