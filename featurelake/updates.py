@@ -27,6 +27,7 @@ from pyiceberg.table.snapshots import Snapshot
 
 from featurelake import refs
 from featurelake.commit import cleanup_on_failure, commit, delete_quietly, optimistic
+from featurelake.datafiles import update_file_settings
 from featurelake.errors import (
     DuplicateKeyError,
     InvalidArgumentError,
@@ -250,9 +251,9 @@ def write_update_file(ice: IcebergTable, path: str, values: pa.Table, target: pa
     codec = ice.metadata.properties.get("write.parquet.compression-codec", "zstd")
     # Feature values are mostly distinct floats: a dictionary only adds bytes (measured: 714 KB
     # instead of 463 KB for 125k float32 values), so dictionaries are kept for the other columns.
-    dictionary = [f.name for f in out_table.schema if not pa.types.is_floating(f.type)]
+    settings = update_file_settings(out_table, codec)
     with storage_of(ice.io).write_new(path) as out:
-        pq.write_table(out_table, out, compression=codec, write_statistics=False, use_dictionary=dictionary)
+        pq.write_table(out_table, out, **settings)
         return out.tell()
 
 

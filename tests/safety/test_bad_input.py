@@ -364,9 +364,10 @@ def _damaged_lake(tmp_path) -> tuple[Path, Lake]:
 
 
 def _clear_caches():
-    from featurelake import index, merge, state
+    from featurelake import index, merge, read, state
 
     index.clear_caches()
+    read.clear_caches()
     state._ROOT_CACHE.items.clear()
     state._SHARD_CACHE.items.clear()
     merge._FILES_CACHE.clear()
