@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -54,6 +55,7 @@ POS_FIELD_ID = 2147483645  # Iceberg's reserved field id of the `_pos` metadata 
 DEFAULT_BATCH = 65_536
 _TRANSIENT_RETRIES = 3
 WHOLE_FILE_BYTES = 64 << 20  # streaming reads decode a file's projection in one go below this size
+THREADED_READ_BYTES = 1 << 20  # a file's projection decoded on Arrow's thread pool above this size (small update files: on one thread)
 REMOTE_THREADS = 16  # files in flight on an object store, where each read waits on latency, not on a core
 # On an object store a request costs ~10-50 ms, as much as reading megabytes: the projected column
 # chunks of a file are fetched as one ranged GET, gaps of unread columns included, up to these sizes.
@@ -133,6 +135,7 @@ class Scan:
         )
         self._tasks: list[FileScanTask] | None = None
         self._targets: dict[tuple[int, ...], pa.Schema] = {}
+        self._layer_schemas: dict[tuple[int, ...], Schema] = {}
 
     # ------------------------------------------------------------- planning
     def tasks(self) -> list[FileScanTask]:
@@ -174,7 +177,7 @@ class Scan:
         attempt = 0
         while True:
             try:
-                _, fs, fs_path = storage_of(self.io).resolve(path)
+                fs, fs_path = _resolve(self.io, path)
                 if isinstance(fs, pafs.LocalFileSystem):
                     return _local_file(fs_path)
                 if size:
@@ -221,8 +224,10 @@ class Scan:
                 batches = _row_range(pf, rows, batch_size or self.batch_size, columns + extra)
             elif batch_size == 0 or (batch_size is None and _projected_bytes(pf, columns + extra) <= WHOLE_FILE_BYTES):
                 # the whole file at once: Arrow decodes its column chunks in parallel, and one
-                # read of a small projection is twice as fast as iterating it batch by batch
-                batches = pf.read(columns=columns + extra, use_threads=True).to_batches()
+                # read of a small projection is twice as fast as iterating it batch by batch.
+                # Below a few MB, handing column chunks to Arrow's pool costs more than decoding them.
+                threaded = _projected_bytes(pf, columns + extra) > THREADED_READ_BYTES
+                batches = pf.read(columns=columns + extra, use_threads=threaded).to_batches()
             else:
                 batches = pf.iter_batches(batch_size=batch_size or self.batch_size, columns=columns + extra, use_threads=True)
             for batch in batches:
@@ -254,8 +259,10 @@ class Scan:
         return layers
 
     def _load_layer(self, entry: UpdateEntry) -> tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]:
-        ids = [i for i in entry.field_ids if i in self.read_ids]
-        requested = Schema(*[f for f in self.read_schema.fields if f.field_id in ids])
+        ids = tuple(i for i in entry.field_ids if i in self.read_ids)
+        requested = self._layer_schemas.get(ids)
+        if requested is None:
+            requested = self._layer_schemas[ids] = Schema(*[f for f in self.read_schema.fields if f.field_id in ids])
         parts, positions = [], []
         for values, extra in self._read_columns(
             entry.update_file, requested, () if entry.dense else (POS_FIELD_ID,), batch_size=0, size=entry.bytes
@@ -263,9 +270,15 @@ class Scan:
             parts.append(values)
             if extra is not None:
                 positions.append(extra.column(0).to_numpy(zero_copy_only=False))
-        table = pa.Table.from_batches(parts, schema=parts[0].schema) if parts else pa.table({})
-        batch = table.combine_chunks().to_batches()[0] if table.num_rows else _empty_batch(self._target(requested), 0)
-        pos = None if entry.dense else (np.concatenate(positions) if positions else np.empty(0, np.int64))
+        if len(parts) == 1:
+            batch = parts[0]
+        else:
+            table = pa.Table.from_batches(parts, schema=parts[0].schema) if parts else pa.table({})
+            batch = table.combine_chunks().to_batches()[0] if table.num_rows else _empty_batch(self._target(requested), 0)
+        if entry.dense:
+            pos = None
+        else:
+            pos = positions[0] if len(positions) == 1 else (np.concatenate(positions) if positions else np.empty(0, np.int64))
         return entry, pos, batch
 
     @property
@@ -351,11 +364,13 @@ class Scan:
         t0 = time.perf_counter()
         tasks = self.tasks()
         budget = self._budget(tasks)
-        threads = threads or (max(2, os.cpu_count() or 2) if self._local else REMOTE_THREADS)
+        shared = _pool(max(2, os.cpu_count() or 2) if self._local else REMOTE_THREADS) if threads is None else None
         if len(tasks) <= 1:
             results = [self._guarded(t, budget, whole=True) for t in tasks]
+        elif shared is not None:
+            results = list(shared.map(lambda t: self._guarded(t, budget, whole=True), tasks))
         else:
-            with ThreadPoolExecutor(max_workers=min(threads, len(tasks))) as pool:
+            with ThreadPoolExecutor(max_workers=min(threads or 2, len(tasks))) as pool:
                 results = list(pool.map(lambda t: self._guarded(t, budget, whole=True), tasks))
         batches = [b for r in results if r for b in r if b.num_rows]
         self.report.files = len(tasks) - len(self.report.skipped_files)
@@ -379,9 +394,12 @@ class Scan:
         if shuffle:
             tasks = [tasks[i] for i in rng.permutation(len(tasks))]
         budget = self._budget(tasks)
-        with ThreadPoolExecutor(max_workers=max(1, prefetch)) as pool:
-            futures = [pool.submit(self._guarded, t, budget) for t in tasks[:prefetch]]
-            next_task = len(futures)
+        prefetch = max(1, prefetch)
+        shared = _pool(prefetch)
+        pool = shared or ThreadPoolExecutor(max_workers=prefetch)
+        futures = [pool.submit(self._guarded, t, budget) for t in tasks[:prefetch]]
+        next_task = len(futures)
+        try:
             while futures:
                 batches = futures.pop(0).result()
                 if next_task < len(tasks):
@@ -396,8 +414,47 @@ class Scan:
                         piece = batch.slice(offset, self.batch_size)
                         self.report.rows += piece.num_rows
                         yield piece
+        finally:
+            for f in futures:  # the consumer stopped early: files not yet started are not read
+                f.cancel()
+            if shared is None:
+                pool.shutdown(wait=True)
         self.report.files = len(tasks) - len(self.report.skipped_files)
 
+
+# Reader threads live for the process: starting threads per read costs milliseconds on a loaded
+# machine (as much as a small projected read). One pool per size; a read started inside a pool
+# thread (a nested read) gets its own threads, so no pool thread ever waits on its own pool.
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOL_LOCK = threading.Lock()
+_IN_POOL = threading.local()
+
+
+def _mark_pool_thread() -> None:
+    _IN_POOL.active = True
+
+
+def _pool(workers: int) -> ThreadPoolExecutor | None:
+    """The process-wide pool of ``workers`` reader threads; None inside a reader thread."""
+    if getattr(_IN_POOL, "active", False):
+        return None
+    with _POOL_LOCK:
+        pool = _POOLS.get(workers)
+        if pool is None:
+            pool = _POOLS[workers] = ThreadPoolExecutor(
+                max_workers=workers, thread_name_prefix="featurelake-read", initializer=_mark_pool_thread
+            )
+        return pool
+
+
+def _forget_pools_after_fork() -> None:
+    """A forked child (data-loader workers) has none of the parent's threads: it starts its own pools."""
+    global _POOL_LOCK
+    _POOLS.clear()
+    _POOL_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pools_after_fork)
 
 _SCHEMAS = _LRU(256)
 
@@ -481,6 +538,20 @@ _PLANS = _LRU(32)  # (table, snapshot, current schema, filter) -> planned tasks
 _PLAN_CACHE_MAX_FILES = 20_000  # larger plans are planned each time (a task holds a DataFile: ~1-2 KB)
 
 
+_RESOLVED = _LRU(8192)
+
+
+def _resolve(io: FileIO, path: str) -> tuple[pafs.FileSystem, str]:
+    """(filesystem, filesystem path) of a file location, resolved once per FileIO and location."""
+    key = (id(io), path)
+    found = _RESOLVED.get(key)
+    if found is None or found[0] is not io:
+        _, fs, fs_path = storage_of(io).resolve(path)
+        found = (io, fs, fs_path)
+        _RESOLVED.put(key, found)
+    return found[1], found[2]
+
+
 def _local_file(path: str) -> pq.ParquetFile:
     """A local Parquet file opened with its cached footer (parsed on first open)."""
     st = os.stat(path)
@@ -501,6 +572,7 @@ def clear_caches() -> None:
     _FOOTERS.items.clear()
     _PLANS.items.clear()
     _SCHEMAS.items.clear()
+    _RESOLVED.items.clear()
     _PROJECTIONS.clear()
 
 
