@@ -3,8 +3,10 @@
 Why not pyiceberg's own scan: it knows nothing of update files. This reader
 plans with pyiceberg (manifests, partition and metrics pruning), then reads
 each data file itself: base columns matched by Iceberg field id, the file's
-update layers applied in commit order (latest wins) with one ``take`` per
-column and chunk, then the residual filter on merged values. Only projected
+update layers applied in commit order (latest wins; featurelake.overlay),
+then the residual filter on merged values. Files are opened through
+featurelake.readfiles (footers, locations and decoded layers kept per file;
+process-wide reader threads), and plans are kept per snapshot and filter. Only projected
 columns are read, and update files that do not touch the projection are never
 opened.
 
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -25,21 +26,22 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyiceberg.expressions import AlwaysFalse, AlwaysTrue, BooleanExpression
 from pyiceberg.expressions.visitors import rewrite_not, translate_column_names
 from pyiceberg.io import FileIO
-from pyiceberg.io.pyarrow import _to_requested_schema, expression_to_pyarrow, pyarrow_to_schema
-from pyiceberg.schema import Schema, prune_columns
+from pyiceberg.io.pyarrow import _to_requested_schema, expression_to_pyarrow
+from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask
 from pyiceberg.table.snapshots import Snapshot
 
+from featurelake import readfiles
 from featurelake.columns import is_hidden, original_name
 from featurelake.errors import CorruptFileError, FeatureLakeError, SchemaMismatchError
 from featurelake.filters import bind_filter, referenced_ids, relax_stale
 from featurelake.guard import manifest_errors
+from featurelake.overlay import apply_layers
 from featurelake.schema import LOCATOR_FILE, LOCATOR_POS, arrow_schema
 from featurelake.state import _LRU, PlatformState, UpdateEntry
 from featurelake.storage import storage_of
@@ -57,13 +59,6 @@ _TRANSIENT_RETRIES = 3
 WHOLE_FILE_BYTES = 64 << 20  # streaming reads decode a file's projection in one go below this size
 THREADED_READ_BYTES = 1 << 20  # a file's projection decoded on Arrow's thread pool above this size (small update files: on one thread)
 REMOTE_THREADS = 16  # files in flight on an object store, where each read waits on latency, not on a core
-# On an object store a request costs ~10-50 ms, as much as reading megabytes: the projected column
-# chunks of a file are fetched as one ranged GET, gaps of unread columns included, up to these sizes.
-_REMOTE_FORMAT = ds.ParquetFileFormat(
-    default_fragment_scan_options=ds.ParquetFragmentScanOptions(
-        pre_buffer=True, cache_options=pa.CacheOptions(hole_size_limit=8 << 20, range_size_limit=128 << 20, lazy=False)
-    )
-)
 
 
 @dataclass
@@ -172,19 +167,19 @@ class Scan:
         return tasks
 
     # --------------------------------------------------------------- reading
-    def _open(self, path: str, size: int | None = None) -> "pq.ParquetFile | _RemoteParquet":
-        """An open data or update file; its footer parsed once per process (:func:`_local_file`, :meth:`_RemoteParquet.of`)."""
+    def _open(self, path: str, size: int | None = None) -> "pq.ParquetFile | readfiles.RemoteParquet":
+        """An open data or update file; its footer parsed once per process (:func:`readfiles.open_local`, :meth:`readfiles.RemoteParquet.of`)."""
         attempt = 0
         while True:
             try:
-                fs, fs_path = _resolve(self.io, path)
+                fs, fs_path = readfiles.resolve_file(self.io, path)
                 if isinstance(fs, pafs.LocalFileSystem):
-                    return _local_file(fs_path)
+                    return readfiles.open_local(fs_path)
                 if size:
-                    return _RemoteParquet.of(fs, fs_path, size)
+                    return readfiles.RemoteParquet.of(fs, fs_path, size)
                 # Pre-buffering coalesces reads on object storage.
                 pf = pq.ParquetFile(self.io.new_input(path).open(), pre_buffer=True)
-                pf.footer = _Footer.of(pf.metadata, pf.schema_arrow)
+                pf.footer = readfiles.Footer.of(pf.metadata, pf.schema_arrow)
                 return pf
             except FileNotFoundError as e:
                 raise CorruptFileError(f"file {path} is missing", path) from e
@@ -211,7 +206,7 @@ class Scan:
         state) saves an object store the request asking for it.
         """
         pf = self._open(path, size)
-        projected, columns, extra = _projection(pf, frozenset(f.field_id for f in requested.fields), tuple(extra_ids))
+        projected, columns, extra = readfiles.projection(pf, frozenset(f.field_id for f in requested.fields), tuple(extra_ids))
         target = self._target(requested)
         if not columns and not extra:
             lo, hi = rows if rows is not None else (0, pf.metadata.num_rows)
@@ -222,11 +217,11 @@ class Scan:
         try:
             if rows is not None:
                 batches = _row_range(pf, rows, batch_size or self.batch_size, columns + extra)
-            elif batch_size == 0 or (batch_size is None and _projected_bytes(pf, columns + extra) <= WHOLE_FILE_BYTES):
+            elif batch_size == 0 or (batch_size is None and readfiles.projected_bytes(pf, columns + extra) <= WHOLE_FILE_BYTES):
                 # the whole file at once: Arrow decodes its column chunks in parallel, and one
                 # read of a small projection is twice as fast as iterating it batch by batch.
                 # Below a few MB, handing column chunks to Arrow's pool costs more than decoding them.
-                threaded = _projected_bytes(pf, columns + extra) > THREADED_READ_BYTES
+                threaded = readfiles.projected_bytes(pf, columns + extra) > THREADED_READ_BYTES
                 batches = pf.read(columns=columns + extra, use_threads=threaded).to_batches()
             else:
                 batches = pf.iter_batches(batch_size=batch_size or self.batch_size, columns=columns + extra, use_threads=True)
@@ -260,6 +255,26 @@ class Scan:
 
     def _load_layer(self, entry: UpdateEntry) -> tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]:
         ids = tuple(i for i in entry.field_ids if i in self.read_ids)
+        key = self._layer_key(entry, ids)
+        found = readfiles.LAYERS.get(key)
+        if found is not None:
+            return entry, found[0], found[1]
+        pos, batch = self._decode_layer(entry, ids)
+        readfiles.LAYERS.put(key, (pos, batch), batch.nbytes + (pos.nbytes if pos is not None else 0))
+        return entry, pos, batch
+
+    def _layer_key(self, entry: UpdateEntry, ids: tuple[int, ...]) -> tuple:
+        """What identifies a decoded layer: the update file (local: its size and mtime too) and the columns."""
+        fs, fs_path = readfiles.resolve_file(self.io, entry.update_file)
+        if isinstance(fs, pafs.LocalFileSystem):
+            try:
+                st = os.stat(fs_path)
+            except FileNotFoundError as e:
+                raise CorruptFileError(f"file {entry.update_file} is missing", entry.update_file) from e
+            return (fs_path, st.st_size, st.st_mtime_ns, ids, entry.dense)
+        return (type(fs).__name__, fs_path, entry.bytes, ids, entry.dense)
+
+    def _decode_layer(self, entry: UpdateEntry, ids: tuple[int, ...]) -> tuple[np.ndarray | None, pa.RecordBatch]:
         requested = self._layer_schemas.get(ids)
         if requested is None:
             requested = self._layer_schemas[ids] = Schema(*[f for f in self.read_schema.fields if f.field_id in ids])
@@ -279,7 +294,7 @@ class Scan:
             pos = None
         else:
             pos = positions[0] if len(positions) == 1 else (np.concatenate(positions) if positions else np.empty(0, np.int64))
-        return entry, pos, batch
+        return pos, batch
 
     @property
     def _local(self) -> bool:
@@ -309,7 +324,7 @@ class Scan:
             path, self.read_schema, batch_size=batch_size, rows=(start, stop), size=task.file.file_size_in_bytes
         ):
             n = base.num_rows
-            merged = _apply_layers(base, layers, pos) if layers else base
+            merged = apply_layers(base, layers, pos) if layers else base
             merged = _with_locator(merged, path, pos) if self.with_locator else merged.append_column(
                 LOCATOR_POS, pa.array(np.arange(pos, pos + n, dtype=np.int64)))
             pos += n
@@ -331,7 +346,7 @@ class Scan:
             path, self.read_schema, batch_size=0 if whole else None, size=task.file.file_size_in_bytes
         ):
             n = base.num_rows
-            merged = _apply_layers(base, layers, start) if layers else base
+            merged = apply_layers(base, layers, start) if layers else base
             if self.with_locator:
                 merged = _with_locator(merged, path, start)
             start += n
@@ -364,7 +379,7 @@ class Scan:
         t0 = time.perf_counter()
         tasks = self.tasks()
         budget = self._budget(tasks)
-        shared = _pool(max(2, os.cpu_count() or 2) if self._local else REMOTE_THREADS) if threads is None else None
+        shared = readfiles.reader_pool(max(2, os.cpu_count() or 2) if self._local else REMOTE_THREADS) if threads is None else None
         if len(tasks) <= 1:
             results = [self._guarded(t, budget, whole=True) for t in tasks]
         elif shared is not None:
@@ -395,7 +410,7 @@ class Scan:
             tasks = [tasks[i] for i in rng.permutation(len(tasks))]
         budget = self._budget(tasks)
         prefetch = max(1, prefetch)
-        shared = _pool(prefetch)
+        shared = readfiles.reader_pool(prefetch)
         pool = shared or ThreadPoolExecutor(max_workers=prefetch)
         futures = [pool.submit(self._guarded, t, budget) for t in tasks[:prefetch]]
         next_task = len(futures)
@@ -422,40 +437,6 @@ class Scan:
         self.report.files = len(tasks) - len(self.report.skipped_files)
 
 
-# Reader threads live for the process: starting threads per read costs milliseconds on a loaded
-# machine (as much as a small projected read). One pool per size; a read started inside a pool
-# thread (a nested read) gets its own threads, so no pool thread ever waits on its own pool.
-_POOLS: dict[int, ThreadPoolExecutor] = {}
-_POOL_LOCK = threading.Lock()
-_IN_POOL = threading.local()
-
-
-def _mark_pool_thread() -> None:
-    _IN_POOL.active = True
-
-
-def _pool(workers: int) -> ThreadPoolExecutor | None:
-    """The process-wide pool of ``workers`` reader threads; None inside a reader thread."""
-    if getattr(_IN_POOL, "active", False):
-        return None
-    with _POOL_LOCK:
-        pool = _POOLS.get(workers)
-        if pool is None:
-            pool = _POOLS[workers] = ThreadPoolExecutor(
-                max_workers=workers, thread_name_prefix="featurelake-read", initializer=_mark_pool_thread
-            )
-        return pool
-
-
-def _forget_pools_after_fork() -> None:
-    """A forked child (data-loader workers) has none of the parent's threads: it starts its own pools."""
-    global _POOL_LOCK
-    _POOLS.clear()
-    _POOL_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_pools_after_fork)
-
 _SCHEMAS = _LRU(256)
 
 
@@ -475,138 +456,15 @@ def _schemas(ice: "IcebergTable", schema: Schema, needed: list[str], names: list
     return found
 
 
-class _RemoteParquet:
-    """A Parquet file on an object store, read as a dataset fragment of known size.
-
-    The part of ``pq.ParquetFile`` the reader uses. The size known up front
-    saves the HEAD request opening a file costs; the footer is one ranged GET
-    and a projection one more (see ``_REMOTE_FORMAT``).
-    """
-
-    def __init__(self, fs: pafs.FileSystem, path: str, size: int) -> None:
-        self.fragment = _REMOTE_FORMAT.make_fragment(path, filesystem=fs, file_size=size)
-        self.metadata = self.fragment.metadata
-        self.schema_arrow = self.fragment.physical_schema
-        self.footer = _Footer.of(self.metadata, self.schema_arrow)
-
-    @staticmethod
-    def of(fs: pafs.FileSystem, path: str, size: int) -> "_RemoteParquet":
-        """The file, its footer fetched once per process: a fragment keeps its parsed metadata and
-        reads with it, so a second read of the same file costs no footer request."""
-        key = (type(fs).__name__, path, size)
-        found = _FOOTERS.get(key)
-        if found is None:
-            found = _RemoteParquet(fs, path, size)
-            _FOOTERS.put(key, found)
-        return found
-
-    def read(self, columns: list[str], use_threads: bool = True) -> pa.Table:
-        return self.fragment.to_table(columns=columns, use_threads=use_threads)
-
-    def iter_batches(
-        self, batch_size: int, columns: list[str], use_threads: bool = True, row_groups: list[int] | None = None
-    ) -> Iterator[pa.RecordBatch]:
-        fragment = self.fragment if row_groups is None else self.fragment.subset(row_group_ids=row_groups)
-        return fragment.to_batches(columns=columns, batch_size=batch_size, use_threads=use_threads)
-
-
-@dataclass(frozen=True)
-class _Footer:
-    """What the reader derives from a file's footer, once per file."""
-
-    metadata: pq.FileMetaData
-    schema: pa.Schema  # the file's Arrow schema, with field ids
-    key: bytes  # the schema serialized: files written by one writer share it (and their projections)
-    column_bytes: dict[str, int]  # decoded bytes per top-level column
-
-    @staticmethod
-    def of(metadata: pq.FileMetaData, schema: pa.Schema) -> "_Footer":
-        sizes: dict[str, int] = {}
-        for i in range(metadata.num_row_groups):
-            rg = metadata.row_group(i)
-            for j in range(rg.num_columns):
-                col = rg.column(j)
-                top = col.path_in_schema.split(".", 1)[0]
-                sizes[top] = sizes.get(top, 0) + col.total_uncompressed_size
-        return _Footer(metadata, schema, schema.serialize().to_pybytes(), sizes)
-
-
-# Data and update files are immutable (new files get new names), so a footer parsed once serves every
-# later read. Local entries are keyed by (path, size, mtime): a file changed underneath is parsed again.
-_FOOTERS = _LRU(4096)
-_PLANS = _LRU(32)  # (table, snapshot, current schema, filter) -> planned tasks
+_PLANS = _LRU(32)  # (table, location, snapshot, current schema, filter) -> planned tasks
 _PLAN_CACHE_MAX_FILES = 20_000  # larger plans are planned each time (a task holds a DataFile: ~1-2 KB)
 
 
-_RESOLVED = _LRU(8192)
-
-
-def _resolve(io: FileIO, path: str) -> tuple[pafs.FileSystem, str]:
-    """(filesystem, filesystem path) of a file location, resolved once per FileIO and location."""
-    key = (id(io), path)
-    found = _RESOLVED.get(key)
-    if found is None or found[0] is not io:
-        _, fs, fs_path = storage_of(io).resolve(path)
-        found = (io, fs, fs_path)
-        _RESOLVED.put(key, found)
-    return found[1], found[2]
-
-
-def _local_file(path: str) -> pq.ParquetFile:
-    """A local Parquet file opened with its cached footer (parsed on first open)."""
-    st = os.stat(path)
-    key = (path, st.st_size, st.st_mtime_ns)
-    footer = _FOOTERS.get(key)
-    if footer is None:
-        pf = pq.ParquetFile(path, pre_buffer=False)
-        footer = _Footer.of(pf.metadata, pf.schema_arrow)
-        _FOOTERS.put(key, footer)
-    else:
-        pf = pq.ParquetFile(path, metadata=footer.metadata, pre_buffer=False)
-    pf.footer = footer
-    return pf
-
-
 def clear_caches() -> None:
-    """Forget cached footers, plans and projections (tests that damage files underneath)."""
-    _FOOTERS.items.clear()
+    """Forget cached plans, pruned schemas, footers, decoded layers and projections (tests that damage files underneath)."""
     _PLANS.items.clear()
     _SCHEMAS.items.clear()
-    _RESOLVED.items.clear()
-    _PROJECTIONS.clear()
-
-
-_PROJECTIONS: dict = {}
-
-
-def _projection(pf: "pq.ParquetFile | _RemoteParquet", ids: frozenset[int], extra_ids: tuple[int, ...]) -> tuple[Schema, list[str], list[str]]:
-    """A file's Iceberg schema pruned to ``ids``, the column names to read, and the extra columns.
-
-    Files written by one writer share a schema, so the conversion (a few ms for
-    a wide table, paid per file and per update file otherwise) is cached.
-    """
-    footer: _Footer = pf.footer
-    key = (footer.key, ids, extra_ids)  # bytes: Schema equality ignores field ids
-    found = _PROJECTIONS.get(key)
-    if found is None:
-        file_schema = pyarrow_to_schema(footer.schema, downcast_ns_timestamp_to_us=True)
-        projected = prune_columns(file_schema, set(ids), select_full_types=True)
-        extra = []
-        for fid in extra_ids:
-            try:
-                extra.append(file_schema.find_column_name(fid))
-            except ValueError:
-                pass
-        if len(_PROJECTIONS) > 1024:
-            _PROJECTIONS.clear()
-        found = _PROJECTIONS[key] = (projected, [c.name for c in projected.columns], extra)
-    return found
-
-
-def _projected_bytes(pf: "pq.ParquetFile | _RemoteParquet", columns: list[str]) -> int:
-    """Decoded size of ``columns`` (top-level names) in a Parquet file, from its footer."""
-    sizes = pf.footer.column_bytes
-    return sum(sizes.get(c, 0) for c in columns)
+    readfiles.clear_caches()
 
 
 def _row_range(pf: pq.ParquetFile, rows: tuple[int, int], batch_size: int, columns: list[str]) -> Iterator[pa.RecordBatch]:
@@ -667,90 +525,3 @@ def _with_locator(batch: pa.RecordBatch, path: str, start: int) -> pa.RecordBatc
     files = pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([path])).cast(pa.string())
     pos = pa.array(np.arange(start, start + n, dtype=np.int64))
     return batch.append_column(LOCATOR_FILE, files).append_column(LOCATOR_POS, pos)
-
-
-def _apply_layers(
-    base: pa.RecordBatch, layers: list[tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]], start: int
-) -> pa.RecordBatch:
-    """Overlay update layers on rows [start, start+n) of a data file; latest layer wins.
-
-    Columns no layer touches are passed through as they are (no copy). A
-    layer that covers every row replaces the column outright; otherwise a
-    numeric column is copied once and each layer's values scattered into it
-    (:func:`_scatter`), and any other type concatenates the base chunk with the
-    layers' values and picks, per row, the newest with one ``take``.
-    """
-    n = base.num_rows
-    end = start + n
-    columns = list(base.columns)
-    names = base.schema.names
-    for ci, name in enumerate(names):
-        updates: list[tuple[np.ndarray | None, pa.Array]] = []  # (row offsets in this range or None = all, values)
-        for _, pos, values in layers:
-            vi = values.schema.get_field_index(name)
-            if vi < 0:
-                continue
-            col = values.column(vi)
-            if pos is None:  # dense: the layer holds every row of the file, in order
-                updates = [(None, col.slice(start, n))]  # covers every row: older layers no longer matter
-                continue
-            lo, hi = np.searchsorted(pos, [start, end])
-            if lo < hi:
-                updates.append((pos[lo:hi] - start, col.slice(lo, hi - lo)))
-        if not updates:
-            continue
-        target = columns[ci].type
-        updates = [(local, piece if piece.type.equals(target) else piece.cast(target)) for local, piece in updates]
-        if len(updates) == 1 and updates[0][0] is None:
-            columns[ci] = updates[0][1]
-            continue
-        if updates[0][0] is None:  # a dense layer under sparse ones: it is the base
-            columns[ci] = updates.pop(0)[1]
-        columns[ci] = _scatter(columns[ci], updates) if _fixed_width(target) else _take_newest(columns[ci], updates)
-    return pa.RecordBatch.from_arrays(columns, schema=base.schema)
-
-
-def _fixed_width(t: pa.DataType) -> bool:
-    return (pa.types.is_integer(t) or pa.types.is_floating(t)) and not pa.types.is_dictionary(t)
-
-
-def _values(arr: pa.Array) -> np.ndarray:
-    """The value slots of a fixed-width numeric array (nulls' slots hold anything), without a copy."""
-    dtype = np.dtype(arr.type.to_pandas_dtype())
-    buf = arr.buffers()[1]
-    return np.frombuffer(buf, dtype=dtype, count=arr.offset + len(arr))[arr.offset :] if buf is not None else np.zeros(len(arr), dtype)
-
-
-def _validity(arr: pa.Array) -> np.ndarray:
-    return np.ones(len(arr), dtype=bool) if arr.null_count == 0 else np.asarray(arr.is_valid())
-
-
-def _scatter(col: pa.Array, updates: list[tuple[np.ndarray, pa.Array]]) -> pa.Array:
-    """``col`` with each update's values written at its row offsets, in order (numeric types).
-
-    One copy of the column and one scatter per layer: several times cheaper
-    than concatenating and taking (the untouched rows are copied, never gathered).
-    """
-    out = _values(col).copy()
-    valid = None if col.null_count == 0 else _validity(col)
-    for local, piece in updates:
-        out[local] = _values(piece)
-        if piece.null_count or valid is not None:
-            if valid is None:
-                valid = np.ones(len(out), dtype=bool)
-            valid[local] = _validity(piece)
-    if valid is None or valid.all():
-        return pa.Array.from_buffers(col.type, len(out), [None, pa.py_buffer(out)])
-    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
-    return pa.Array.from_buffers(col.type, len(out), [bitmap, pa.py_buffer(out)], null_count=int(len(valid) - valid.sum()))
-
-
-def _take_newest(col: pa.Array, updates: list[tuple[np.ndarray, pa.Array]]) -> pa.Array:
-    """``col`` with the updates applied (any type): base and layers concatenated once, one ``take``."""
-    n = len(col)
-    index = np.arange(n, dtype=np.int64)
-    offset = n
-    for local, piece in updates:
-        index[local] = offset + np.arange(len(piece))
-        offset += len(piece)
-    return pa.concat_arrays([col] + [piece for _, piece in updates]).take(pa.array(index))

@@ -19,7 +19,7 @@ import pytest
 
 from featurelake import Lake
 from featurelake.datafiles import column_codecs
-from featurelake.read import _apply_layers, _take_newest
+from featurelake.overlay import apply_layers as _apply_layers, take_newest as _take_newest
 
 
 def _layer(n: int, rng, typ: pa.DataType, dense: bool, null_rate: float):
