@@ -130,6 +130,7 @@ class Scan:
         )
         self._tasks: list[FileScanTask] | None = None
         self._targets: dict[tuple[int, ...], pa.Schema] = {}
+        self._io_key = readfiles.io_key(self.io)
         self._layer_schemas: dict[tuple[int, ...], Schema] = {}
 
     # ------------------------------------------------------------- planning
@@ -172,11 +173,11 @@ class Scan:
         attempt = 0
         while True:
             try:
-                fs, fs_path = readfiles.resolve_file(self.io, path)
+                _, fs, fs_path = storage_of(self.io).resolve(path)
                 if isinstance(fs, pafs.LocalFileSystem):
                     return readfiles.open_local(fs_path)
                 if size:
-                    return readfiles.RemoteParquet.of(fs, fs_path, size)
+                    return readfiles.RemoteParquet.of(fs, fs_path, size, self._io_key)
                 # Pre-buffering coalesces reads on object storage.
                 pf = pq.ParquetFile(self.io.new_input(path).open(), pre_buffer=True)
                 pf.footer = readfiles.Footer.of(pf.metadata, pf.schema_arrow)
@@ -265,14 +266,14 @@ class Scan:
 
     def _layer_key(self, entry: UpdateEntry, ids: tuple[int, ...]) -> tuple:
         """What identifies a decoded layer: the update file (local: its size and mtime too) and the columns."""
-        fs, fs_path = readfiles.resolve_file(self.io, entry.update_file)
+        _, fs, fs_path = storage_of(self.io).resolve(entry.update_file)
         if isinstance(fs, pafs.LocalFileSystem):
             try:
                 st = os.stat(fs_path)
             except FileNotFoundError as e:
                 raise CorruptFileError(f"file {entry.update_file} is missing", entry.update_file) from e
             return (fs_path, st.st_size, st.st_mtime_ns, ids, entry.dense)
-        return (type(fs).__name__, fs_path, entry.bytes, ids, entry.dense)
+        return (self._io_key, type(fs).__name__, fs_path, entry.bytes, ids, entry.dense)
 
     def _decode_layer(self, entry: UpdateEntry, ids: tuple[int, ...]) -> tuple[np.ndarray | None, pa.RecordBatch]:
         requested = self._layer_schemas.get(ids)

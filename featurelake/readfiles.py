@@ -7,7 +7,6 @@ names), so what the reader derives from a file is kept for the process:
   local entries keyed by (path, size, mtime) so a file changed underneath is
   parsed again; on an object store a fragment keeps its footer, so a second
   read of a file costs no footer request;
-* where its location resolves to (filesystem and path);
 * the projection of its schema onto a read's field ids (shared by files of one writer);
 * its decoded update-layer values, under a byte budget (FEATURELAKE_LAYER_CACHE_MB).
 
@@ -91,10 +90,11 @@ class RemoteParquet:
         self.footer = Footer.of(self.metadata, self.schema_arrow)
 
     @staticmethod
-    def of(fs: pafs.FileSystem, path: str, size: int) -> "RemoteParquet":
-        """The file, its footer fetched once per process: a fragment keeps its parsed metadata and
-        reads with it, so a second read of the same file costs no footer request."""
-        key = (type(fs).__name__, path, size)
+    def of(fs: pafs.FileSystem, path: str, size: int, io: tuple) -> "RemoteParquet":
+        """The file, its footer fetched once per process and storage view (``io``, see :func:`io_key`):
+        a fragment keeps its parsed metadata and reads with it, so a second read of the same file
+        costs no footer request."""
+        key = (io, type(fs).__name__, path, size)
         found = _FOOTERS.get(key)
         if found is None:
             found = RemoteParquet(fs, path, size)
@@ -177,18 +177,13 @@ class SizedLRU:
 # which costs a layered read more than applying the layers does. FEATURELAKE_LAYER_CACHE_MB=0 turns it off.
 LAYERS = SizedLRU(int(float(os.environ.get("FEATURELAKE_LAYER_CACHE_MB", "256")) * (1 << 20)))
 
-_RESOLVED = _LRU(8192)
+def io_key(io: FileIO) -> tuple[tuple[str, str], ...]:
+    """What identifies a FileIO's view of storage (endpoint, credentials): its properties.
 
-
-def resolve_file(io: FileIO, path: str) -> tuple[pafs.FileSystem, str]:
-    """(filesystem, filesystem path) of a file location, resolved once per FileIO and location."""
-    key = (id(io), path)
-    found = _RESOLVED.get(key)
-    if found is None or found[0] is not io:
-        _, fs, fs_path = storage_of(io).resolve(path)
-        found = (io, fs, fs_path)
-        _RESOLVED.put(key, found)
-    return found[1], found[2]
+    Each table load makes a new FileIO, so caches of remote files key on this,
+    never on the object: a file opened under other credentials is opened again.
+    """
+    return tuple(sorted((str(k), str(v)) for k, v in io.properties.items()))
 
 
 def open_local(path: str) -> pq.ParquetFile:
@@ -209,7 +204,6 @@ def open_local(path: str) -> pq.ParquetFile:
 def clear_caches() -> None:
     """Forget cached footers, locations, decoded layers and projections."""
     _FOOTERS.items.clear()
-    _RESOLVED.items.clear()
     LAYERS.clear()
     _PROJECTIONS.clear()
 
