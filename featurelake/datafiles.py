@@ -186,8 +186,11 @@ class _Settings:
         level = property_as_int(props, "write.parquet.compression-level", None)
         leaves = facts.leaves
         dictionary = [p for p, top in leaves if _repeats(rows.column(top))]
+        compression = column_codecs(rows, leaves, codec, set(dictionary))
+        if level is not None and isinstance(compression, dict):  # Arrow refuses a level on plain columns
+            level = {p: level for p, c in compression.items() if c != "none"} or None
         kwargs = {
-            "compression": column_codecs(rows, leaves, codec, set(dictionary)),
+            "compression": compression,
             "compression_level": level,
             "use_dictionary": dictionary or False,
             "write_statistics": facts.statistics,

@@ -107,3 +107,17 @@ def test_floats_that_do_not_compress_are_written_plain_and_read_back_equal(tmp_p
     got = t.read().sort_by("id")
     for name in data.column_names:
         assert got[name].to_pylist() == data[name].to_pylist(), name
+
+
+def test_a_compression_level_applies_to_the_compressed_columns_only(tmp_path):
+    rng = np.random.default_rng(1)
+    n = 5_000
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("noise", pa.float64())])
+    t = Lake(tmp_path / "lake").create_table("ns.t", schema, primary_key="id",
+                                             properties={"write.parquet.compression-level": "9"})
+    data = pa.table({"id": pa.array(np.arange(n), pa.int64()), "noise": pa.array(rng.standard_normal(n))})
+    t.append(data)
+    (task,) = t.scan().tasks()
+    meta = pq.ParquetFile(task.file.file_path.removeprefix("file://")).metadata.row_group(0)
+    assert [meta.column(i).compression for i in range(2)] == ["ZSTD", "UNCOMPRESSED"]
+    assert t.read().sort_by("id")["noise"].to_pylist() == data["noise"].to_pylist()
