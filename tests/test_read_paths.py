@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from featurelake import Lake
-from featurelake.datafiles import column_codecs
+from featurelake.datafiles import column_codecs, delta_columns
 from featurelake.overlay import apply_layers as _apply_layers, take_newest as _take_newest
 
 
@@ -91,8 +91,10 @@ def test_floats_that_do_not_compress_are_written_plain_and_read_back_equal(tmp_p
         "name": pa.array([f"user-{i % 50}" for i in range(n)]),
     })
     leaves = [(c, c) for c in data.column_names]
-    codecs = column_codecs(data, leaves, "zstd")
-    assert codecs == {"id": "zstd", "noise": "none", "rounded": "zstd", "name": "zstd"}
+    assert delta_columns(data, leaves) == ["id"]
+    codecs = column_codecs(data, leaves, "zstd", delta={"id"})
+    assert codecs == {"id": "none", "noise": "none", "rounded": "zstd", "name": "zstd"}
+    assert column_codecs(data, leaves, "zstd")["id"] == "zstd"  # not delta-packed: sorted ids compress
     assert column_codecs(data, leaves, "uncompressed") == "none"
 
     lake = Lake(tmp_path / "lake")
@@ -103,7 +105,9 @@ def test_floats_that_do_not_compress_are_written_plain_and_read_back_equal(tmp_p
     (task,) = t.scan().tasks()
     meta = pq.ParquetFile(task.file.file_path.removeprefix("file://")).metadata.row_group(0)
     written = {meta.column(i).path_in_schema: meta.column(i).compression for i in range(meta.num_columns)}
-    assert written == {"id": "ZSTD", "noise": "UNCOMPRESSED", "rounded": "ZSTD", "name": "ZSTD"}
+    assert written == {"id": "UNCOMPRESSED", "noise": "UNCOMPRESSED", "rounded": "ZSTD", "name": "ZSTD"}
+    assert "DELTA_BINARY_PACKED" in meta.column(0).encodings
+    assert meta.column(0).total_compressed_size < n  # sorted ids: about a bit each, not 8 bytes
     got = t.read().sort_by("id")
     for name in data.column_names:
         assert got[name].to_pylist() == data[name].to_pylist(), name
@@ -112,12 +116,15 @@ def test_floats_that_do_not_compress_are_written_plain_and_read_back_equal(tmp_p
 def test_a_compression_level_applies_to_the_compressed_columns_only(tmp_path):
     rng = np.random.default_rng(1)
     n = 5_000
-    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("noise", pa.float64())])
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("name", pa.string()), pa.field("noise", pa.float64())])
     t = Lake(tmp_path / "lake").create_table("ns.t", schema, primary_key="id",
                                              properties={"write.parquet.compression-level": "9"})
-    data = pa.table({"id": pa.array(np.arange(n), pa.int64()), "noise": pa.array(rng.standard_normal(n))})
+    data = pa.table({"id": pa.array(np.arange(n), pa.int64()), "name": pa.array([f"n{i % 7}" for i in range(n)]),
+                     "noise": pa.array(rng.standard_normal(n))})
     t.append(data)
     (task,) = t.scan().tasks()
     meta = pq.ParquetFile(task.file.file_path.removeprefix("file://")).metadata.row_group(0)
-    assert [meta.column(i).compression for i in range(2)] == ["ZSTD", "UNCOMPRESSED"]
-    assert t.read().sort_by("id")["noise"].to_pylist() == data["noise"].to_pylist()
+    assert [meta.column(i).compression for i in range(3)] == ["UNCOMPRESSED", "ZSTD", "UNCOMPRESSED"]
+    got = t.read().sort_by("id")
+    for name in data.column_names:
+        assert got[name].to_pylist() == data[name].to_pylist(), name
