@@ -15,11 +15,18 @@ f000, f001 and one never-updated feature) are read with featurelake. For the
 same state a zero-copy branch is compacted (``t.compact(branch=...)``: update
 files folded into rewritten data files) and read three ways: featurelake,
 plain ``ice.scan().to_arrow()``, and ``pyarrow.parquet.read_table`` of the
-same data files (the floor). Repetitions are interleaved; rates use the best
-run of each reader.
+same data files (the floor). Repetitions are interleaved (the readers' order
+rotates each repetition); rates use the best run of each reader.
+
+Peers (at 0 layers): featurelake vs Lance (``pylance``, the same rows) vs a
+pyarrow dataset scan of the same Parquet files, full table, 5 columns, and
+streaming 5 columns. Writer settings: appends and reads of the same rows as
+featurelake writes them (delta-packed integers, the codec only where it pays)
+vs the codec on every column.
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 import numpy as np
@@ -42,6 +49,8 @@ from benchmarks.common import (
     profile_summary,
     ratio,
     timed,
+    wide_chunks,
+    wide_schema,
     work_dir,
     write_result,
 )
@@ -127,6 +136,8 @@ def run(cfg: Config) -> dict[str, Any]:
         if five:
             goals.append(goal("5-layer read / compacted read (throughput, projected, paired median)",
                               five["ratios"]["layered_over_compacted_projected_paired"], 0.8))
+            goals.append(goal("5-layer read, no decoded layers kept (first read) / compacted read (throughput, projected, paired median)",
+                              five["ratios"]["layered_cold_over_compacted_projected_paired"], 0.8))
         if five:
             goals.append(goal("5-layer read / compacted read (throughput, full table, paired median)", five["ratios"]["layered_over_compacted_full_paired"], GOAL_LAYERED))
         for cp in checkpoints:
@@ -148,11 +159,13 @@ def run(cfg: Config) -> dict[str, Any]:
             snap = ice.metadata.refs[f"compacted_{k}"].snapshot_id
             _, profile[f"pyiceberg read, compacted {k}-layer state"] = profile_summary(lambda: ice.scan(snapshot_id=snap).to_arrow())
 
+    writer = writer_settings(cfg)
     result = {
         "description": __doc__.strip().splitlines()[0],
         "projection": projection,
         "layers": layers,
         "peers": peer,
+        "writer_settings": writer,
         "checkpoints": checkpoints,
         "goals": goals,
         "notes": [
@@ -162,6 +175,8 @@ def run(cfg: Config) -> dict[str, Any]:
             "goal verdicts use the _paired ratios: the median over repetitions of the two readers' times in that repetition "
             "(read back to back, so drifting load on the shared machine cancels); ratios without _paired use the best run of each",
             "featurelake reads with Table.read (files read in parallel); pyarrow floor = pq.read_table(list of data files)",
+            "featurelake keeps decoded update layers across reads (FEATURELAKE_LAYER_CACHE_MB); featurelake_cold_layers "
+            "clears them before each read, as a first read of a snapshot finds them",
         ],
     }
     if profile:
@@ -173,6 +188,8 @@ def run(cfg: Config) -> dict[str, Any]:
 
 def _measure(t, layers: int, projection: list[str], cfg: Config) -> dict[str, Any]:
     """Time every reader on the current main state and on its compacted twin branch."""
+    from featurelake import readfiles
+
     stats = t.stats()
     cp: dict[str, Any] = {"layers": layers, "stats": {k: stats[k] for k in ("rows", "columns", "data_files", "update_files", "max_update_layers", "data_bytes", "update_bytes")}}
     rows = stats["rows"]
@@ -194,6 +211,8 @@ def _measure(t, layers: int, projection: list[str], cfg: Config) -> dict[str, An
     for mode, cols in (("full", None), ("projected", projection)):
         if layers > 0:
             readers[mode]["featurelake"] = lambda cols=cols: t.read(columns=cols)
+            # the same read with no decoded layer kept from the previous one (a first read of a snapshot)
+            readers[mode]["featurelake_cold_layers"] = lambda cols=cols: (readfiles.LAYERS.clear(), t.read(columns=cols))[1]
         readers[mode]["compacted_featurelake"] = lambda cols=cols: t.read(columns=cols, branch=branch)
         if cols is None:
             readers[mode]["compacted_pyiceberg"] = lambda: ice.scan(snapshot_id=compacted_snapshot).to_arrow()
@@ -204,10 +223,10 @@ def _measure(t, layers: int, projection: list[str], cfg: Config) -> dict[str, An
 
     timings = {mode: {name: Timing() for name in rs} for mode, rs in readers.items()}
     planning = {"featurelake": Timing(), "pyiceberg": Timing()}
-    for _ in range(cfg.repeat):
+    for rep in range(cfg.repeat):
         for mode, rs in readers.items():
-            for name, fn in rs.items():
-                timed(fn, timings[mode][name])
+            for name in _rotated(list(rs), rep):
+                timed(rs[name], timings[mode][name])
         # fixed cost of a read before any data file is opened: catalog load, state, manifests
         timed(lambda: t.scan(branch=branch).tasks(), planning["featurelake"])
         timed(lambda: list(t.iceberg.scan(snapshot_id=compacted_snapshot).plan_files()), planning["pyiceberg"])
@@ -234,6 +253,8 @@ def _measure(t, layers: int, projection: list[str], cfg: Config) -> dict[str, An
         cp["ratios"].update(
             {
                 f"layered_over_compacted_{mode}_paired": paired_ratio(tm["compacted_featurelake"], tm["featurelake"]),
+                f"layered_cold_over_compacted_{mode}_paired": paired_ratio(tm["compacted_featurelake"], tm["featurelake_cold_layers"])
+                if "featurelake_cold_layers" in tm else None,
                 f"compacted_featurelake_over_pyiceberg_{mode}_paired": paired_ratio(tm["compacted_pyiceberg"], tm["compacted_featurelake"]),
                 f"layered_over_pyiceberg_{mode}_paired": paired_ratio(tm["compacted_pyiceberg"], tm["featurelake"]),
                 f"layered_over_compacted_{mode}": ratio(best["compacted_featurelake"], best["featurelake"]),
@@ -286,10 +307,10 @@ def peers(t, cfg: Config) -> dict[str, Any]:
             },
         }
         timings = {mode: {name: Timing() for name in rs} for mode, rs in readers.items()}
-        for _ in range(cfg.repeat):
+        for rep in range(cfg.repeat):
             for mode, rs in readers.items():
-                for name, fn in rs.items():
-                    _, n = timed(fn, timings[mode][name])
+                for name in _rotated(list(rs), rep):
+                    _, n = timed(rs[name], timings[mode][name])
                     if n != rows:
                         raise AssertionError(f"{mode} {name} read {n} rows, expected {rows}")
     out: dict[str, Any] = {"columns": cols, "lance_version": lance.__version__}
@@ -297,6 +318,63 @@ def peers(t, cfg: Config) -> dict[str, Any]:
         out[mode] = {name: {**tm.as_dict(), "rows_per_s": round(rows / tm.best)} for name, tm in ts.items()}
         out[mode]["featurelake_over_pyarrow_paired"] = paired_ratio(ts["pyarrow_dataset"], ts["featurelake"])
         out[mode]["featurelake_over_lance_paired"] = paired_ratio(ts["lance"], ts["featurelake"])
+    return out
+
+
+def _rotated(names: list[str], rep: int) -> list[str]:
+    """``names`` in a different order each repetition: no reader always runs first (after the previous
+    mode's largest read was freed) or always last."""
+    k = rep % len(names)
+    return names[k:] + names[:k]
+
+
+WRITER_SAMPLE_COLUMNS = 5
+
+
+def writer_settings(cfg: Config) -> dict[str, Any]:
+    """Read and append impact of the writer's encoding choices (featurelake.datafiles).
+
+    The same rows appended twice, once as featurelake writes them (integers
+    delta-packed, the table's codec only where a sample compresses by
+    COMPRESSION_MIN_SAVING) and once with the codec on every column and plain
+    integers (as before); then each is read whole and projected with a pyarrow
+    dataset scan of its files. Interleaved, paired.
+    """
+    import pyarrow.dataset as pads
+
+    import featurelake.datafiles as datafiles
+    from featurelake import Lake
+
+    chunks = list(wide_chunks(cfg.rows, cfg.columns, cfg.files, cfg.seed))
+    cols = [KEY] + feature_names(cfg.columns)[: WRITER_SAMPLE_COLUMNS - 1]
+    # featurelake's writer vs the same writer with the codec on every column and no delta packing (as before)
+    modes = {"per_column_codec": (datafiles.COMPRESSION_MIN_SAVING, datafiles.delta_columns),
+             "codec_everywhere": (-1.0, lambda *a, **k: [])}
+    timings = {m: {k: Timing() for k in ("append", "full_read", "projected_read")} for m in modes}
+    sizes: dict[str, int] = {}
+    saved = datafiles.COMPRESSION_MIN_SAVING, datafiles.delta_columns
+    try:
+        with work_dir(NAME + "-writer", cfg.keep) as wd:
+            warm = Lake(wd / "warm-up").create_table("bench.w", wide_schema(cfg.columns), primary_key=KEY, partition_by=[])
+            warm.append(chunks[0])  # imports and per-schema caches in place before timing
+            for rep in range(max(3, cfg.repeat // 2)):
+                for mode in _rotated(list(modes), rep):
+                    datafiles.COMPRESSION_MIN_SAVING, datafiles.delta_columns = modes[mode]
+                    t = Lake(wd / f"{mode}-{rep}").create_table("bench.w", wide_schema(cfg.columns), primary_key=KEY, partition_by=[])
+                    timed(lambda: [t.append(c) for c in chunks], timings[mode]["append"])
+                    paths = data_file_paths(t.iceberg)
+                    sizes[mode] = sum(os.path.getsize(p) for p in paths)
+                    timed(lambda: pads.dataset(paths).to_table(), timings[mode]["full_read"])
+                    timed(lambda: pads.dataset(paths).to_table(columns=cols), timings[mode]["projected_read"])
+    finally:
+        datafiles.COMPRESSION_MIN_SAVING, datafiles.delta_columns = saved
+    out: dict[str, Any] = {"min_saving": saved[0], "projected_columns": cols,
+                           "baseline": "the table codec (zstd) on every column, plain integer encoding"}
+    for mode in modes:
+        out[mode] = {k: tm.as_dict() for k, tm in timings[mode].items()} | {"data_bytes": sizes[mode]}
+    a, b = timings["per_column_codec"], timings["codec_everywhere"]
+    out["speedup_paired"] = {k: paired_ratio(b[k], a[k]) for k in a}
+    out["bytes_ratio"] = round(sizes["per_column_codec"] / sizes["codec_everywhere"], 4)
     return out
 
 
@@ -329,6 +407,11 @@ def _summary(result: dict[str, Any], path) -> None:
             m = peer[mode]
             print(f"  peers {mode:<10} featurelake {m['featurelake']['rows_per_s'] / 1e6:.2f}  lance {m['lance']['rows_per_s'] / 1e6:.2f}"
                   f"  pyarrow dataset {m['pyarrow_dataset']['rows_per_s'] / 1e6:.2f} M rows/s")
+    w = result.get("writer_settings")
+    if w:
+        sp = w["speedup_paired"]
+        print(f"  writer: per-column codec + delta ints vs codec everywhere: append {sp['append']}x, full read {sp['full_read']}x,"
+              f" projected read {sp['projected_read']}x faster; data bytes {w['bytes_ratio']}x")
     print_goals(result["goals"])
     for variant, p in result.get("profile", {}).items():
         print_profile(variant, p)

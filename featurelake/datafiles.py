@@ -49,6 +49,10 @@ from featurelake.writer_settings import WriterSettings, column_encodings
 WRITE_THREADS = 4  # data files of one write encoded at once (Parquet encoding releases the GIL)
 DICTIONARY_SAMPLE = 4096  # values looked at to decide a column's dictionary
 DICTIONARY_MAX_DISTINCT = 0.5  # a dictionary pays when a sample's values repeat at least twice on average
+# A fixed-width column is compressed only when the codec saves at least this share of a sample's
+# bytes. Distinct floats (most features) save 4-8% under zstd, yet decoding them costs a full read
+# 2.5-3x the time of reading them plain (300k x 71: 70-90 ms against 26-35 ms) and appending ~2x.
+COMPRESSION_MIN_SAVING = 0.15
 
 
 @dataclass(frozen=True)
@@ -181,17 +185,24 @@ class _Settings:
     @staticmethod
     def of(meta: TableMetadata, rows: pa.Table, facts: SchemaFacts) -> "_Settings":
         chosen = WriterSettings.of(meta.properties)  # codec, page and row-group sizes (featurelake.writer_settings)
-        encodings = column_encodings(meta.properties, facts.arrow)
+        encodings = column_encodings(meta.properties, facts.arrow)  # what the table asks for wins
+        leaves = facts.leaves
+        dictionary = [p for p, top in leaves if p not in encodings and _repeats(rows.column(top))]
+        delta = [p for p in delta_columns(rows, leaves, set(dictionary)) if p not in encodings]
+        compression = column_codecs(rows, leaves, chosen.compression, set(dictionary) | set(encodings), set(delta))
+        level = chosen.level
+        if level is not None and isinstance(compression, dict):  # Arrow refuses a level on plain columns
+            level = {p: level for p, c in compression.items() if c != "none"} or None
         kwargs = {
             **chosen.parquet_kwargs(),
-            "use_dictionary": [p for p, top in facts.leaves if p not in encodings and _repeats(rows.column(top))] or False,
+            "compression": compression,
+            "compression_level": level,
+            "use_dictionary": dictionary or False,
+            "column_encoding": {**{p: "DELTA_BINARY_PACKED" for p in delta}, **encodings} or None,
             "write_statistics": facts.statistics,
             "store_decimal_as_integer": True,
         }
-        if encodings:
-            kwargs["column_encoding"] = encodings
         return _Settings(kwargs, chosen.row_group_rows)
-
 
 
 def _repeats(column: pa.ChunkedArray) -> bool:
@@ -215,6 +226,83 @@ def _repeats(column: pa.ChunkedArray) -> bool:
     else:
         distinct = pc.count_distinct(sample).as_py()
     return distinct <= DICTIONARY_MAX_DISTINCT * valid
+
+
+def delta_columns(rows: pa.Table, leaves: list[tuple[str, str]], dictionary: set[str] = frozenset()) -> list[str]:
+    """Integer and timestamp columns without a dictionary: written DELTA_BINARY_PACKED, uncompressed.
+
+    Keys, ids and positions are mostly ascending or clustered: delta packing
+    stores 125k sorted int64 in 3 KB (zstd: 128 KB) and decodes them 4x faster
+    than zstd (0.44 against 1.65 ms); shuffled ones are smaller than zstd's and
+    decode 2.7x faster; random 64-bit values cost what plain ones do.
+    """
+    out = []
+    for p, top in leaves:
+        if p != top or p in dictionary:
+            continue
+        t = rows.column(top).type
+        if (pa.types.is_integer(t) and t.bit_width >= 32) or pa.types.is_timestamp(t) or pa.types.is_date32(t):
+            out.append(p)
+    return out
+
+
+def column_codecs(rows: pa.Table, leaves: list[tuple[str, str]], codec: str, dictionary: set[str] = frozenset(),
+                  delta: set[str] = frozenset()) -> str | dict[str, str]:
+    """The Parquet codec of each leaf column: the table's ``codec``, except where it would not pay.
+
+    Why: a read decodes every compressed page, and for distinct floats zstd
+    saves a few percent of bytes for several times the decode time. A plain
+    fixed-width column keeps ``codec`` only when a sample compresses by
+    :data:`COMPRESSION_MIN_SAVING`; ``delta`` columns (see
+    :func:`delta_columns`) are packed already and get none; dictionary pages,
+    strings and nested columns keep ``codec``.
+    """
+    codec = "none" if codec.lower() in ("uncompressed", "none") else codec
+    if codec == "none":
+        return codec
+    skip = {p for p, _ in leaves if p in delta}
+    skip |= {p for p, top in leaves if p == top and p not in dictionary and p not in delta and not _pays(rows.column(top), codec)}
+    if not skip:
+        return codec
+    return {p: "none" if p in skip else codec for p, _ in leaves}
+
+
+def update_file_settings(table: pa.Table, codec: str) -> dict:
+    """Parquet writer options for an update file (a few columns of one data file's rows).
+
+    The same choices as data files: the codec only where it pays, delta
+    packing for integers, and dictionaries only for non-float columns; never
+    for the row positions, which are distinct and ascending (delta-packed).
+    """
+    from featurelake.schema import LOCATOR_POS
+
+    dictionary = [f.name for f in table.schema if not pa.types.is_floating(f.type) and f.name != LOCATOR_POS]
+    leaves = _leaf_paths(table.schema)
+    dict_paths = {p for p, top in leaves if top in dictionary}
+    delta = delta_columns(table, leaves, dict_paths)
+    return {
+        "compression": column_codecs(table, leaves, codec, dict_paths, set(delta)),
+        "use_dictionary": dictionary or False,
+        "column_encoding": {p: "DELTA_BINARY_PACKED" for p in delta} or None,
+        "write_statistics": False,
+    }
+
+
+def _pays(column: pa.ChunkedArray, codec: str) -> bool:
+    """Whether ``codec`` saves :data:`COMPRESSION_MIN_SAVING` of a sample of a fixed-width column's values."""
+    t = column.type
+    if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_temporal(t) or pa.types.is_decimal(t)):
+        return True
+    sample = column.slice(0, DICTIONARY_SAMPLE).combine_chunks()
+    if len(sample) < 16 or sample.null_count == len(sample):
+        return True
+    try:
+        width = t.bit_width // 8
+        raw = sample.buffers()[1].slice(sample.offset * width, len(sample) * width)
+        packed = pa.compress(raw, codec=codec, asbytes=True)
+    except (ValueError, NotImplementedError, pa.ArrowException):
+        return True  # no fixed width, or a codec Arrow cannot run here: keep the table's setting
+    return len(packed) <= (1.0 - COMPRESSION_MIN_SAVING) * raw.size
 
 
 def _statistics_paths(meta: TableMetadata, leaves: list[tuple[str, str]]) -> bool | list[str]:

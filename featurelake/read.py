@@ -3,8 +3,10 @@
 Why not pyiceberg's own scan: it knows nothing of update files. This reader
 plans with pyiceberg (manifests, partition and metrics pruning), then reads
 each data file itself: base columns matched by Iceberg field id, the file's
-update layers applied in commit order (latest wins) with one ``take`` per
-column and chunk, then the residual filter on merged values. Only projected
+update layers applied in commit order (latest wins; featurelake.overlay),
+then the residual filter on merged values. Files are opened through
+featurelake.readfiles (footers, locations and decoded layers kept per file;
+process-wide reader threads), and plans are kept per snapshot and filter. Only projected
 columns are read, and update files that do not touch the projection are never
 opened.
 
@@ -24,23 +26,24 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyiceberg.expressions import AlwaysFalse, AlwaysTrue, BooleanExpression
 from pyiceberg.expressions.visitors import rewrite_not, translate_column_names
 from pyiceberg.io import FileIO
-from pyiceberg.io.pyarrow import _to_requested_schema, expression_to_pyarrow, pyarrow_to_schema
-from pyiceberg.schema import Schema, prune_columns
+from pyiceberg.io.pyarrow import _to_requested_schema, expression_to_pyarrow
+from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask
 from pyiceberg.table.snapshots import Snapshot
 
+from featurelake import readfiles
 from featurelake.columns import is_hidden, original_name
 from featurelake.errors import CorruptFileError, FeatureLakeError, SchemaMismatchError
 from featurelake.filters import bind_filter, referenced_ids, relax_stale
 from featurelake.guard import manifest_errors
+from featurelake.overlay import apply_layers
 from featurelake.schema import LOCATOR_FILE, LOCATOR_POS, arrow_schema
-from featurelake.state import PlatformState, UpdateEntry
+from featurelake.state import _LRU, PlatformState, UpdateEntry
 from featurelake.storage import SMALL_OBJECT_BYTES, open_remote, storage_of
 
 if TYPE_CHECKING:
@@ -54,14 +57,8 @@ POS_FIELD_ID = 2147483645  # Iceberg's reserved field id of the `_pos` metadata 
 DEFAULT_BATCH = 65_536
 _TRANSIENT_RETRIES = 3
 WHOLE_FILE_BYTES = 64 << 20  # streaming reads decode a file's projection in one go below this size
+THREADED_READ_BYTES = 1 << 20  # a file's projection decoded on Arrow's thread pool above this size (small update files: on one thread)
 REMOTE_THREADS = 16  # files in flight on an object store, where each read waits on latency, not on a core
-# On an object store a request costs ~10-50 ms, as much as reading megabytes: the projected column
-# chunks of a file are fetched as one ranged GET, gaps of unread columns included, up to these sizes.
-_REMOTE_FORMAT = ds.ParquetFileFormat(
-    default_fragment_scan_options=ds.ParquetFragmentScanOptions(
-        pre_buffer=True, cache_options=pa.CacheOptions(hole_size_limit=8 << 20, range_size_limit=128 << 20, lazy=False)
-    )
-)
 
 
 @dataclass
@@ -121,10 +118,8 @@ class Scan:
         filter_ids = referenced_ids(self.bound_filter)
         filter_names = [schema.find_column_name(i) for i in filter_ids]
         needed = list(dict.fromkeys(names + [n for n in filter_names if n not in names]))
-        self.read_schema = schema.select(*needed) if needed else Schema()
+        self.read_schema, self.output_schema = _schemas(self.ice, schema, needed, names)
         self.read_ids = {f.field_id for f in self.read_schema.fields}
-        selected = arrow_schema(schema.select(*names), field_ids=False) if names else pa.schema([])
-        self.output_schema = pa.schema([selected.field(n) for n in names])
         if with_locator:
             self.output_schema = self.output_schema.append(pa.field(LOCATOR_FILE, pa.string(), nullable=False))
             self.output_schema = self.output_schema.append(pa.field(LOCATOR_POS, pa.int64(), nullable=False))
@@ -134,6 +129,9 @@ class Scan:
             else expression_to_pyarrow(self.bound_filter, self.read_schema)
         )
         self._tasks: list[FileScanTask] | None = None
+        self._targets: dict[tuple[int, ...], pa.Schema] = {}
+        self._io_key = readfiles.io_key(self.io)
+        self._layer_schemas: dict[tuple[int, ...], Schema] = {}
 
     # ------------------------------------------------------------- planning
     def tasks(self) -> list[FileScanTask]:
@@ -144,6 +142,13 @@ class Scan:
             return self._tasks
         relaxed = relax_stale(rewrite_not(self.bound_filter), self.state.updated_field_ids)
         current = self.ice.metadata.schema()
+        # A snapshot's files never change: its plan for one filter is kept (keyed by table and schema too,
+        # as the filter is translated through the current schema).
+        key = (str(self.ice.metadata.table_uuid), self.ice.metadata.location, self.snapshot.snapshot_id, current.schema_id, repr(relaxed))
+        cached = _PLANS.get(key)
+        if cached is not None:
+            self._tasks = list(cached)
+            return self._tasks
         with manifest_errors(self.ice.io, self.snapshot):
             try:
                 plan_filter = translate_column_names(relaxed, current, case_sensitive=True)
@@ -157,22 +162,28 @@ class Scan:
                     f"data file {t.file.file_path} has positional delete files written by another engine; "
                     "compact the table with that engine first"
                 )
+        if len(tasks) <= _PLAN_CACHE_MAX_FILES:
+            _PLANS.put(key, tuple(tasks))
         self._tasks = tasks
         return tasks
 
     # --------------------------------------------------------------- reading
-    def _open(self, path: str, size: int | None = None) -> "pq.ParquetFile | _RemoteParquet":
+    def _open(self, path: str, size: int | None = None) -> "pq.ParquetFile | readfiles.RemoteParquet":
+        """An open data or update file; its footer parsed once per process (:func:`readfiles.open_local`, :meth:`readfiles.RemoteParquet.of`)."""
         attempt = 0
         while True:
             try:
-                if size and not path.startswith("file:"):
-                    _, fs, fs_path = storage_of(self.io).resolve(path)
-                    if not isinstance(fs, pafs.LocalFileSystem):
-                        if size <= SMALL_OBJECT_BYTES:  # footer and columns in one GET, not two
-                            return pq.ParquetFile(open_remote(fs, fs_path, size, SMALL_OBJECT_BYTES))
-                        return _RemoteParquet(fs, fs_path, size)
-                # Pre-buffering coalesces reads on object storage; on local disk it only costs.
-                return pq.ParquetFile(self.io.new_input(path).open(), pre_buffer=not path.startswith("file:"))
+                _, fs, fs_path = storage_of(self.io).resolve(path)
+                if isinstance(fs, pafs.LocalFileSystem):
+                    return readfiles.open_local(fs_path)
+                if size and size <= SMALL_OBJECT_BYTES:  # footer and columns in one GET, not two
+                    pf = pq.ParquetFile(open_remote(fs, fs_path, size, SMALL_OBJECT_BYTES))
+                elif size:
+                    return readfiles.RemoteParquet.of(fs, fs_path, size, self._io_key)
+                else:  # pre-buffering coalesces reads on object storage
+                    pf = pq.ParquetFile(self.io.new_input(path).open(), pre_buffer=True)
+                pf.footer = readfiles.Footer.of(pf.metadata, pf.schema_arrow)
+                return pf
             except FileNotFoundError as e:
                 raise CorruptFileError(f"file {path} is missing", path) from e
             except (pa.ArrowInvalid, OSError) as e:
@@ -198,27 +209,38 @@ class Scan:
         state) saves an object store the request asking for it.
         """
         pf = self._open(path, size)
-        projected, columns, extra = _projection(pf.schema_arrow, frozenset(f.field_id for f in requested.fields), tuple(extra_ids))
+        projected, columns, extra = readfiles.projection(pf, frozenset(f.field_id for f in requested.fields), tuple(extra_ids))
+        target = self._target(requested)
         if not columns and not extra:
             lo, hi = rows if rows is not None else (0, pf.metadata.num_rows)
             step = batch_size or (hi - lo) or 1
             for start in range(lo, hi, step):
-                yield _empty_batch(requested, min(step, hi - start)), None
+                yield _empty_batch(target, min(step, hi - start)), None
             return
         try:
             if rows is not None:
                 batches = _row_range(pf, rows, batch_size or self.batch_size, columns + extra)
-            elif batch_size == 0 or (batch_size is None and _projected_bytes(pf, columns + extra) <= WHOLE_FILE_BYTES):
+            elif batch_size == 0 or (batch_size is None and readfiles.projected_bytes(pf, columns + extra) <= WHOLE_FILE_BYTES):
                 # the whole file at once: Arrow decodes its column chunks in parallel, and one
-                # read of a small projection is twice as fast as iterating it batch by batch
-                batches = pf.read(columns=columns + extra, use_threads=True).to_batches()
+                # read of a small projection is twice as fast as iterating it batch by batch.
+                # Below a few MB, handing column chunks to Arrow's pool costs more than decoding them.
+                threaded = readfiles.projected_bytes(pf, columns + extra) > THREADED_READ_BYTES
+                batches = pf.read(columns=columns + extra, use_threads=threaded).to_batches()
             else:
                 batches = pf.iter_batches(batch_size=batch_size or self.batch_size, columns=columns + extra, use_threads=True)
             for batch in batches:
-                converted = _conform_batch(batch, projected, requested) if columns else _empty_batch(requested, batch.num_rows)
+                converted = _conform_batch(batch, projected, requested, target) if columns else _empty_batch(target, batch.num_rows)
                 yield converted, batch.select(extra) if extra else None
         except (OSError, pa.ArrowInvalid) as e:
             raise CorruptFileError(f"file {path} is corrupt: {e}", path) from e
+
+    def _target(self, requested: Schema) -> pa.Schema:
+        """The Arrow schema (no field ids) of ``requested``, a part of this scan's read schema; converted once."""
+        key = tuple(f.field_id for f in requested.fields)
+        found = self._targets.get(key)
+        if found is None:
+            found = self._targets[key] = arrow_schema(requested, field_ids=False)
+        return found
 
     def _load_layers(self, entries: list[UpdateEntry]) -> list[tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]]:
         """The update layers touching the projection, oldest first: (entry, positions, values).
@@ -235,8 +257,30 @@ class Scan:
         return layers
 
     def _load_layer(self, entry: UpdateEntry) -> tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]:
-        ids = [i for i in entry.field_ids if i in self.read_ids]
-        requested = Schema(*[f for f in self.read_schema.fields if f.field_id in ids])
+        ids = tuple(i for i in entry.field_ids if i in self.read_ids)
+        key = self._layer_key(entry, ids)
+        found = readfiles.LAYERS.get(key)
+        if found is not None:
+            return entry, found[0], found[1]
+        pos, batch = self._decode_layer(entry, ids)
+        readfiles.LAYERS.put(key, (pos, batch), batch.nbytes + (pos.nbytes if pos is not None else 0))
+        return entry, pos, batch
+
+    def _layer_key(self, entry: UpdateEntry, ids: tuple[int, ...]) -> tuple:
+        """What identifies a decoded layer: the update file (local: its size and mtime too) and the columns."""
+        _, fs, fs_path = storage_of(self.io).resolve(entry.update_file)
+        if isinstance(fs, pafs.LocalFileSystem):
+            try:
+                st = os.stat(fs_path)
+            except FileNotFoundError as e:
+                raise CorruptFileError(f"file {entry.update_file} is missing", entry.update_file) from e
+            return (fs_path, st.st_size, st.st_mtime_ns, ids, entry.dense)
+        return (self._io_key, type(fs).__name__, fs_path, entry.bytes, ids, entry.dense)
+
+    def _decode_layer(self, entry: UpdateEntry, ids: tuple[int, ...]) -> tuple[np.ndarray | None, pa.RecordBatch]:
+        requested = self._layer_schemas.get(ids)
+        if requested is None:
+            requested = self._layer_schemas[ids] = Schema(*[f for f in self.read_schema.fields if f.field_id in ids])
         parts, positions = [], []
         for values, extra in self._read_columns(
             entry.update_file, requested, () if entry.dense else (POS_FIELD_ID,), batch_size=0, size=entry.bytes
@@ -244,10 +288,16 @@ class Scan:
             parts.append(values)
             if extra is not None:
                 positions.append(extra.column(0).to_numpy(zero_copy_only=False))
-        table = pa.Table.from_batches(parts, schema=parts[0].schema) if parts else pa.table({})
-        batch = table.combine_chunks().to_batches()[0] if table.num_rows else _empty_batch(requested, 0)
-        pos = None if entry.dense else (np.concatenate(positions) if positions else np.empty(0, np.int64))
-        return entry, pos, batch
+        if len(parts) == 1:
+            batch = parts[0]
+        else:
+            table = pa.Table.from_batches(parts, schema=parts[0].schema) if parts else pa.table({})
+            batch = table.combine_chunks().to_batches()[0] if table.num_rows else _empty_batch(self._target(requested), 0)
+        if entry.dense:
+            pos = None
+        else:
+            pos = positions[0] if len(positions) == 1 else (np.concatenate(positions) if positions else np.empty(0, np.int64))
+        return pos, batch
 
     @property
     def _local(self) -> bool:
@@ -277,7 +327,7 @@ class Scan:
             path, self.read_schema, batch_size=batch_size, rows=(start, stop), size=task.file.file_size_in_bytes
         ):
             n = base.num_rows
-            merged = _apply_layers(base, layers, pos) if layers else base
+            merged = apply_layers(base, layers, pos) if layers else base
             merged = _with_locator(merged, path, pos) if self.with_locator else merged.append_column(
                 LOCATOR_POS, pa.array(np.arange(pos, pos + n, dtype=np.int64)))
             pos += n
@@ -299,7 +349,7 @@ class Scan:
             path, self.read_schema, batch_size=0 if whole else None, size=task.file.file_size_in_bytes
         ):
             n = base.num_rows
-            merged = _apply_layers(base, layers, start) if layers else base
+            merged = apply_layers(base, layers, start) if layers else base
             if self.with_locator:
                 merged = _with_locator(merged, path, start)
             start += n
@@ -332,11 +382,13 @@ class Scan:
         t0 = time.perf_counter()
         tasks = self.tasks()
         budget = self._budget(tasks)
-        threads = threads or (max(2, os.cpu_count() or 2) if self._local else REMOTE_THREADS)
+        shared = readfiles.reader_pool(max(2, os.cpu_count() or 2) if self._local else REMOTE_THREADS) if threads is None else None
         if len(tasks) <= 1:
             results = [self._guarded(t, budget, whole=True) for t in tasks]
+        elif shared is not None:
+            results = list(shared.map(lambda t: self._guarded(t, budget, whole=True), tasks))
         else:
-            with ThreadPoolExecutor(max_workers=min(threads, len(tasks))) as pool:
+            with ThreadPoolExecutor(max_workers=min(threads or 2, len(tasks))) as pool:
                 results = list(pool.map(lambda t: self._guarded(t, budget, whole=True), tasks))
         batches = [b for r in results if r for b in r if b.num_rows]
         self.report.files = len(tasks) - len(self.report.skipped_files)
@@ -360,9 +412,12 @@ class Scan:
         if shuffle:
             tasks = [tasks[i] for i in rng.permutation(len(tasks))]
         budget = self._budget(tasks)
-        with ThreadPoolExecutor(max_workers=max(1, prefetch)) as pool:
-            futures = [pool.submit(self._guarded, t, budget) for t in tasks[:prefetch]]
-            next_task = len(futures)
+        prefetch = max(1, prefetch)
+        shared = readfiles.reader_pool(prefetch)
+        pool = shared or ThreadPoolExecutor(max_workers=prefetch)
+        futures = [pool.submit(self._guarded, t, budget) for t in tasks[:prefetch]]
+        next_task = len(futures)
+        try:
             while futures:
                 batches = futures.pop(0).result()
                 if next_task < len(tasks):
@@ -377,70 +432,42 @@ class Scan:
                         piece = batch.slice(offset, self.batch_size)
                         self.report.rows += piece.num_rows
                         yield piece
+        finally:
+            for f in futures:  # the consumer stopped early: files not yet started are not read
+                f.cancel()
+            if shared is None:
+                pool.shutdown(wait=True)
         self.report.files = len(tasks) - len(self.report.skipped_files)
 
 
-class _RemoteParquet:
-    """A Parquet file on an object store, read as a dataset fragment of known size.
+_SCHEMAS = _LRU(256)
 
-    The part of ``pq.ParquetFile`` the reader uses. The size known up front
-    saves the HEAD request opening a file costs; the footer is one ranged GET
-    and a projection one more (see ``_REMOTE_FORMAT``).
+
+def _schemas(ice: "IcebergTable", schema: Schema, needed: list[str], names: list[str]) -> tuple[Schema, pa.Schema]:
+    """(``schema`` pruned to ``needed``, the Arrow output schema of ``names``), derived once per table schema.
+
+    A table's schema ids never change meaning, so (table, schema id, columns) is a safe key; pruning a
+    wide schema costs milliseconds, as much as reading a small projection.
     """
-
-    def __init__(self, fs: pafs.FileSystem, path: str, size: int) -> None:
-        self.fragment = _REMOTE_FORMAT.make_fragment(path, filesystem=fs, file_size=size)
-        self.metadata = self.fragment.metadata
-        self.schema_arrow = self.fragment.physical_schema
-
-    def read(self, columns: list[str], use_threads: bool = True) -> pa.Table:
-        return self.fragment.to_table(columns=columns, use_threads=use_threads)
-
-    def iter_batches(
-        self, batch_size: int, columns: list[str], use_threads: bool = True, row_groups: list[int] | None = None
-    ) -> Iterator[pa.RecordBatch]:
-        fragment = self.fragment if row_groups is None else self.fragment.subset(row_group_ids=row_groups)
-        return fragment.to_batches(columns=columns, batch_size=batch_size, use_threads=use_threads)
-
-
-_PROJECTIONS: dict = {}
-
-
-def _projection(arrow: pa.Schema, ids: frozenset[int], extra_ids: tuple[int, ...]) -> tuple[Schema, list[str], list[str]]:
-    """A file's Iceberg schema pruned to ``ids``, the column names to read, and the extra columns.
-
-    Files written by one writer share a schema, so the conversion (a few ms for
-    a wide table, paid per file and per update file otherwise) is cached.
-    """
-    key = (arrow.serialize().to_pybytes(), ids, extra_ids)  # bytes: Schema equality ignores field ids
-    found = _PROJECTIONS.get(key)
+    key = (str(ice.metadata.table_uuid), schema.schema_id, len(schema.fields), schema.highest_field_id, tuple(needed), tuple(names))
+    found = _SCHEMAS.get(key)
     if found is None:
-        file_schema = pyarrow_to_schema(arrow, downcast_ns_timestamp_to_us=True)
-        projected = prune_columns(file_schema, set(ids), select_full_types=True)
-        extra = []
-        for fid in extra_ids:
-            try:
-                extra.append(file_schema.find_column_name(fid))
-            except ValueError:
-                pass
-        if len(_PROJECTIONS) > 1024:
-            _PROJECTIONS.clear()
-        found = _PROJECTIONS[key] = (projected, [c.name for c in projected.columns], extra)
+        read_schema = schema.select(*needed) if needed else Schema()
+        selected = arrow_schema(schema.select(*names), field_ids=False) if names else pa.schema([])
+        found = (read_schema, pa.schema([selected.field(n) for n in names]))
+        _SCHEMAS.put(key, found)
     return found
 
 
-def _projected_bytes(pf: pq.ParquetFile, columns: list[str]) -> int:
-    """Decoded size of ``columns`` (top-level names) in a Parquet file, from its footer."""
-    wanted = set(columns)
-    meta = pf.metadata
-    total = 0
-    for i in range(meta.num_row_groups):
-        rg = meta.row_group(i)
-        for j in range(rg.num_columns):
-            col = rg.column(j)
-            if col.path_in_schema.split(".", 1)[0] in wanted:
-                total += col.total_uncompressed_size
-    return total
+_PLANS = _LRU(32)  # (table, location, snapshot, current schema, filter) -> planned tasks
+_PLAN_CACHE_MAX_FILES = 20_000  # larger plans are planned each time (a task holds a DataFile: ~1-2 KB)
+
+
+def clear_caches() -> None:
+    """Forget cached plans, pruned schemas, footers, decoded layers and projections (tests that damage files underneath)."""
+    _PLANS.items.clear()
+    _SCHEMAS.items.clear()
+    readfiles.clear_caches()
 
 
 def _row_range(pf: pq.ParquetFile, rows: tuple[int, int], batch_size: int, columns: list[str]) -> Iterator[pa.RecordBatch]:
@@ -466,22 +493,20 @@ def _row_range(pf: pq.ParquetFile, rows: tuple[int, int], batch_size: int, colum
             return
 
 
-def _empty_batch(schema: Schema, rows: int) -> pa.RecordBatch:
-    """``rows`` rows of nulls in ``schema`` (zero columns when the schema is empty)."""
-    target = arrow_schema(schema, field_ids=False)
+def _empty_batch(target: pa.Schema, rows: int) -> pa.RecordBatch:
+    """``rows`` rows of nulls in ``target`` (zero columns when the schema is empty)."""
     if len(target):
         return pa.RecordBatch.from_arrays([pa.nulls(rows, f.type) for f in target], schema=target)
     return pa.record_batch([pa.nulls(rows)], names=["_"]).select([])
 
 
-def _conform_batch(batch: pa.RecordBatch, file_schema: Schema, requested: Schema) -> pa.RecordBatch:
+def _conform_batch(batch: pa.RecordBatch, file_schema: Schema, requested: Schema, target: pa.Schema) -> pa.RecordBatch:
     """A file's batch in the requested schema: columns matched by field id, renamed, cast.
 
     Top-level columns are matched and cast directly (pyiceberg's general
     conversion loses nulls of list<struct> values); nested schema evolution
-    falls back to pyiceberg's conversion.
+    falls back to pyiceberg's conversion. ``target`` is ``requested`` in Arrow.
     """
-    target = arrow_schema(requested, field_ids=False)
     by_id = {f.field_id: f.name for f in file_schema.fields}
     columns = []
     try:
@@ -503,50 +528,3 @@ def _with_locator(batch: pa.RecordBatch, path: str, start: int) -> pa.RecordBatc
     files = pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([path])).cast(pa.string())
     pos = pa.array(np.arange(start, start + n, dtype=np.int64))
     return batch.append_column(LOCATOR_FILE, files).append_column(LOCATOR_POS, pos)
-
-
-def _apply_layers(
-    base: pa.RecordBatch, layers: list[tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]], start: int
-) -> pa.RecordBatch:
-    """Overlay update layers on rows [start, start+n) of a data file; latest layer wins.
-
-    Per column, the base chunk and every layer's values for this range are
-    concatenated once and a single index picks, for each row, the newest value.
-    """
-    n = base.num_rows
-    end = start + n
-    columns = list(base.columns)
-    names = base.schema.names
-    for ci, name in enumerate(names):
-        pieces: list[pa.Array] = [columns[ci]]
-        index: np.ndarray | None = None
-        offset = n
-        for _, pos, values in layers:
-            vi = values.schema.get_field_index(name)
-            if vi < 0:
-                continue
-            col = values.column(vi)
-            if pos is None:  # dense: the layer holds every row of the file, in order
-                piece = col.slice(start, n)
-                local = np.arange(n)
-                src = np.arange(n)
-            else:
-                lo, hi = np.searchsorted(pos, [start, end])
-                if lo == hi:
-                    continue
-                piece = col.slice(lo, hi - lo)
-                local = pos[lo:hi] - start
-                src = np.arange(hi - lo)
-            if index is None:
-                index = np.arange(n, dtype=np.int64)
-            index[local] = offset + src
-            pieces.append(piece)
-            offset += len(piece)
-        if index is None:
-            continue
-        if len(pieces) == 2 and len(pieces[1]) == n and np.array_equal(index, np.arange(n, 2 * n)):
-            columns[ci] = pieces[1]
-            continue
-        combined = pa.concat_arrays([p.cast(columns[ci].type) if not p.type.equals(columns[ci].type) else p for p in pieces])
-        columns[ci] = combined.take(pa.array(index))
-    return pa.RecordBatch.from_arrays(columns, schema=base.schema)

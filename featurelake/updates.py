@@ -26,6 +26,7 @@ from pyiceberg.table.snapshots import Snapshot
 
 from featurelake import refs
 from featurelake.commit import cleanup_on_failure, commit, delete_quietly, optimistic
+from featurelake.datafiles import update_file_settings
 from featurelake.errors import (
     DuplicateKeyError,
     InvalidArgumentError,
@@ -248,13 +249,10 @@ def write_update_file(ice: IcebergTable, path: str, values: pa.Table, target: pa
         arrays.append(values.column(f.name).cast(f.type))
         fields.append(f.with_nullable(True))
     out_table = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
-    settings = WriterSettings.of(ice.metadata.properties)  # the data files' codec (featurelake.writer_settings)
-    # Feature values are mostly distinct floats: a dictionary only adds bytes (measured: 714 KB
-    # instead of 463 KB for 125k float32 values), so dictionaries are kept for the other columns.
-    dictionary = [f.name for f in out_table.schema if not pa.types.is_floating(f.type)]
+    # the data files' codec (featurelake.writer_settings), only where it pays (datafiles.update_file_settings)
+    settings = update_file_settings(out_table, WriterSettings.of(ice.metadata.properties).compression)
     with storage_of(ice.io).write_new(path) as out:
-        pq.write_table(out_table, out, compression=settings.compression, compression_level=settings.level,
-                       write_statistics=False, use_dictionary=dictionary)
+        pq.write_table(out_table, out, **settings)
         return out.tell()
 
 

@@ -364,10 +364,11 @@ def _damaged_lake(tmp_path) -> tuple[Path, Lake]:
 
 
 def _clear_caches():
-    from featurelake import index, manifest_cache, merge, state
+    from featurelake import index, manifest_cache, merge, read, state
 
     index.clear_caches()
     manifest_cache.clear()
+    read.clear_caches()
     state.clear_caches()
     merge._FILES_CACHE.clear()
 

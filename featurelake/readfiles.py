@@ -1,0 +1,241 @@
+"""Opening Parquet files for the reader: footers parsed once, reader threads, decoded layers kept.
+
+Data and update files are immutable (a write makes new files with new
+names), so what the reader derives from a file is kept for the process:
+
+* its footer (the parsed metadata, the Arrow schema, decoded bytes per column),
+  local entries keyed by (path, size, mtime) so a file changed underneath is
+  parsed again; on an object store a fragment keeps its footer, so a second
+  read of a file costs no footer request;
+* the projection of its schema onto a read's field ids (shared by files of one writer);
+* its decoded update-layer values, under a byte budget (FEATURELAKE_LAYER_CACHE_MB).
+
+Reader threads live in process-wide pools (see :func:`reader_pool`).
+"""
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from pyiceberg.io import FileIO
+from pyiceberg.io.pyarrow import pyarrow_to_schema
+from pyiceberg.schema import Schema, prune_columns
+
+from featurelake.state import _LRU
+from featurelake.storage import storage_of
+
+# On an object store a request costs ~10-50 ms, as much as reading megabytes: the projected column
+# chunks of a file are fetched as one ranged GET, gaps of unread columns included, up to these sizes.
+_REMOTE_FORMAT = ds.ParquetFileFormat(
+    default_fragment_scan_options=ds.ParquetFragmentScanOptions(
+        pre_buffer=True, cache_options=pa.CacheOptions(hole_size_limit=8 << 20, range_size_limit=128 << 20, lazy=False)
+    )
+)
+
+
+# Reader threads live for the process: starting threads per read costs milliseconds on a loaded
+# machine (as much as a small projected read). One pool per size; a read started inside a pool
+# thread (a nested read) gets its own threads, so no pool thread ever waits on its own pool.
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOL_LOCK = threading.Lock()
+_IN_POOL = threading.local()
+
+
+def _mark_pool_thread() -> None:
+    _IN_POOL.active = True
+
+
+def reader_pool(workers: int) -> ThreadPoolExecutor | None:
+    """The process-wide pool of ``workers`` reader threads; None inside a reader thread."""
+    if getattr(_IN_POOL, "active", False):
+        return None
+    with _POOL_LOCK:
+        pool = _POOLS.get(workers)
+        if pool is None:
+            pool = _POOLS[workers] = ThreadPoolExecutor(
+                max_workers=workers, thread_name_prefix="featurelake-read", initializer=_mark_pool_thread
+            )
+        return pool
+
+
+def _forget_pools_after_fork() -> None:
+    """A forked child (data-loader workers) has none of the parent's threads: it starts its own pools."""
+    global _POOL_LOCK
+    _POOLS.clear()
+    _POOL_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pools_after_fork)
+
+class RemoteParquet:
+    """A Parquet file on an object store, read as a dataset fragment of known size.
+
+    The part of ``pq.ParquetFile`` the reader uses. The size known up front
+    saves the HEAD request opening a file costs; the footer is one ranged GET
+    and a projection one more (see ``_REMOTE_FORMAT``).
+    """
+
+    def __init__(self, fs: pafs.FileSystem, path: str, size: int) -> None:
+        self.fragment = _REMOTE_FORMAT.make_fragment(path, filesystem=fs, file_size=size)
+        self.metadata = self.fragment.metadata
+        self.schema_arrow = self.fragment.physical_schema
+        self.footer = Footer.of(self.metadata, self.schema_arrow)
+
+    @staticmethod
+    def of(fs: pafs.FileSystem, path: str, size: int, io: tuple) -> "RemoteParquet":
+        """The file, its footer fetched once per process and storage view (``io``, see :func:`io_key`):
+        a fragment keeps its parsed metadata and reads with it, so a second read of the same file
+        costs no footer request."""
+        key = (io, type(fs).__name__, path, size)
+        found = _FOOTERS.get(key)
+        if found is None:
+            found = RemoteParquet(fs, path, size)
+            _FOOTERS.put(key, found)
+        return found
+
+    def read(self, columns: list[str], use_threads: bool = True) -> pa.Table:
+        return self.fragment.to_table(columns=columns, use_threads=use_threads)
+
+    def iter_batches(
+        self, batch_size: int, columns: list[str], use_threads: bool = True, row_groups: list[int] | None = None
+    ) -> Iterator[pa.RecordBatch]:
+        fragment = self.fragment if row_groups is None else self.fragment.subset(row_group_ids=row_groups)
+        return fragment.to_batches(columns=columns, batch_size=batch_size, use_threads=use_threads)
+
+
+@dataclass(frozen=True)
+class Footer:
+    """What the reader derives from a file's footer, once per file."""
+
+    metadata: pq.FileMetaData
+    schema: pa.Schema  # the file's Arrow schema, with field ids
+    key: bytes  # the schema serialized: files written by one writer share it (and their projections)
+    column_bytes: dict[str, int]  # decoded bytes per top-level column
+
+    @staticmethod
+    def of(metadata: pq.FileMetaData, schema: pa.Schema) -> "Footer":
+        sizes: dict[str, int] = {}
+        for i in range(metadata.num_row_groups):
+            rg = metadata.row_group(i)
+            for j in range(rg.num_columns):
+                col = rg.column(j)
+                top = col.path_in_schema.split(".", 1)[0]
+                sizes[top] = sizes.get(top, 0) + col.total_uncompressed_size
+        return Footer(metadata, schema, schema.serialize().to_pybytes(), sizes)
+
+
+# Data and update files are immutable (new files get new names), so a footer parsed once serves every
+# later read. Local entries are keyed by (path, size, mtime): a file changed underneath is parsed again.
+_FOOTERS = _LRU(4096)
+
+
+class SizedLRU:
+    """An LRU of values with a byte budget; values above an eighth of the budget are not kept."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.items: OrderedDict = OrderedDict()
+        self.bytes = 0
+        self.lock = threading.Lock()
+
+    def get(self, key):
+        with self.lock:
+            found = self.items.get(key)
+            if found is not None:
+                self.items.move_to_end(key)
+                return found[0]
+        return None
+
+    def put(self, key, value, nbytes: int) -> None:
+        if nbytes > self.budget // 8:
+            return
+        with self.lock:
+            if key in self.items:
+                return
+            self.items[key] = (value, nbytes)
+            self.bytes += nbytes
+            while self.bytes > self.budget and self.items:
+                _, (_, size) = self.items.popitem(last=False)
+                self.bytes -= size
+
+    def clear(self) -> None:
+        with self.lock:
+            self.items.clear()
+            self.bytes = 0
+
+
+# Decoded update layers, kept across reads: update files never change, sparse layers are small, and
+# re-reading one snapshot (training epochs, dashboards) would otherwise open every update file again,
+# which costs a layered read more than applying the layers does. FEATURELAKE_LAYER_CACHE_MB=0 turns it off.
+LAYERS = SizedLRU(int(float(os.environ.get("FEATURELAKE_LAYER_CACHE_MB", "256")) * (1 << 20)))
+
+def io_key(io: FileIO) -> tuple[tuple[str, str], ...]:
+    """What identifies a FileIO's view of storage (endpoint, credentials): its properties.
+
+    Each table load makes a new FileIO, so caches of remote files key on this,
+    never on the object: a file opened under other credentials is opened again.
+    """
+    return tuple(sorted((str(k), str(v)) for k, v in io.properties.items()))
+
+
+def open_local(path: str) -> pq.ParquetFile:
+    """A local Parquet file opened with its cached footer (parsed on first open)."""
+    st = os.stat(path)
+    key = (path, st.st_size, st.st_mtime_ns)
+    footer = _FOOTERS.get(key)
+    if footer is None:
+        pf = pq.ParquetFile(path, pre_buffer=False)
+        footer = Footer.of(pf.metadata, pf.schema_arrow)
+        _FOOTERS.put(key, footer)
+    else:
+        pf = pq.ParquetFile(path, metadata=footer.metadata, pre_buffer=False)
+    pf.footer = footer
+    return pf
+
+
+def clear_caches() -> None:
+    """Forget cached footers, locations, decoded layers and projections."""
+    _FOOTERS.items.clear()
+    LAYERS.clear()
+    _PROJECTIONS.clear()
+
+
+_PROJECTIONS: dict = {}
+
+
+def projection(pf: "pq.ParquetFile | RemoteParquet", ids: frozenset[int], extra_ids: tuple[int, ...]) -> tuple[Schema, list[str], list[str]]:
+    """A file's Iceberg schema pruned to ``ids``, the column names to read, and the extra columns.
+
+    Files written by one writer share a schema, so the conversion (a few ms for
+    a wide table, paid per file and per update file otherwise) is cached.
+    """
+    footer: Footer = pf.footer
+    key = (footer.key, ids, extra_ids)  # bytes: Schema equality ignores field ids
+    found = _PROJECTIONS.get(key)
+    if found is None:
+        file_schema = pyarrow_to_schema(footer.schema, downcast_ns_timestamp_to_us=True)
+        projected = prune_columns(file_schema, set(ids), select_full_types=True)
+        extra = []
+        for fid in extra_ids:
+            try:
+                extra.append(file_schema.find_column_name(fid))
+            except ValueError:
+                pass
+        if len(_PROJECTIONS) > 1024:
+            _PROJECTIONS.clear()
+        found = _PROJECTIONS[key] = (projected, [c.name for c in projected.columns], extra)
+    return found
+
+
+def projected_bytes(pf: "pq.ParquetFile | RemoteParquet", columns: list[str]) -> int:
+    """Decoded size of ``columns`` (top-level names) in a Parquet file, from its footer."""
+    sizes = pf.footer.column_bytes
+    return sum(sizes.get(c, 0) for c in columns)
