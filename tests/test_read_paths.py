@@ -100,7 +100,7 @@ def test_floats_that_do_not_compress_are_written_plain_and_read_back_equal(tmp_p
     lake = Lake(tmp_path / "lake")
     schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("noise", pa.float32()),
                         pa.field("rounded", pa.float64()), pa.field("name", pa.string())])
-    t = lake.create_table("ns.t", schema, primary_key="id")
+    t = lake.create_table("ns.t", schema, primary_key="id", properties={"write.parquet.compression-codec": "zstd"})
     t.append(data)
     (task,) = t.scan().tasks()
     meta = pq.ParquetFile(task.file.file_path.removeprefix("file://")).metadata.row_group(0)
@@ -118,7 +118,8 @@ def test_a_compression_level_applies_to_the_compressed_columns_only(tmp_path):
     n = 5_000
     schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("name", pa.string()), pa.field("noise", pa.float64())])
     t = Lake(tmp_path / "lake").create_table("ns.t", schema, primary_key="id",
-                                             properties={"write.parquet.compression-level": "9"})
+                                             properties={"write.parquet.compression-codec": "zstd",
+                                                                         "write.parquet.compression-level": "9"})
     data = pa.table({"id": pa.array(np.arange(n), pa.int64()), "name": pa.array([f"n{i % 7}" for i in range(n)]),
                      "noise": pa.array(rng.standard_normal(n))})
     t.append(data)
