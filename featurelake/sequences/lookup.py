@@ -24,9 +24,9 @@ import numpy as np
 import pyarrow as pa
 
 from featurelake.errors import CorruptFileError, FeatureLakeError, SchemaMismatchError
-from featurelake.sequences.buildinfo import BUILD_FORMAT, DEFAULT_THREADS, BuildInfo, SequenceBuildError
+from featurelake.sequences.buildinfo import BUILD_FORMAT, DEFAULT_THREADS, READ_FORMATS, BuildInfo, SequenceBuildError
 from featurelake.sequences.layout import _int_times
-from featurelake.sequences.store import READERS, FixedCodec, KeyCodec, backend_from_dict
+from featurelake.sequences.store import HEAD_FANOUT, READERS, FixedCodec, KeyCodec, backend_from_dict
 
 DEFAULT_BATCH_KEYS = 512     # keys per multi-get call (RocksDB: 256-1024 beat bigger calls)
 
@@ -36,7 +36,7 @@ class SequenceStore:
     """One build opened for reading: heads, chunk selection, parallel fetch, assembly."""
 
     def __init__(self, info: BuildInfo) -> None:
-        if info.format != BUILD_FORMAT:
+        if info.format not in READ_FORMATS:
             raise SequenceBuildError(
                 f"build {info.build_id} has store format {info.format}; this featurelake reads format {BUILD_FORMAT}: rebuild"
             )
@@ -222,39 +222,24 @@ class SequenceStore:
         users, inv = np.unique(kv, return_inverse=True)
         inv = inv.reshape(-1)
         stats["users"] = len(users)
-        heads = self.multi_get(self.codec.head_keys(users), threads, batch_keys)
-        lens = np.fromiter((len(h) // 8 if h else 0 for h in heads), np.int64, len(heads))
-        stats["head_bytes"] = int(lens.sum()) * 8
-        buf = np.frombuffer(b"".join(h for h in heads if h), "<i8")
-        hstart = np.zeros(len(users) + 1, np.int64)
-        np.cumsum(lens, out=hstart[1:])
-        present = lens > 0
-        n_chunks = np.where(present, lens - 2, 0)
-        n_events = np.zeros(len(users), np.int64)
-        n_events[present] = buf[hstart[:-1][present]]
-        ft_start = np.zeros(len(users) + 1, np.int64)
-        np.cumsum(n_chunks, out=ft_start[1:])
-        if len(buf):
-            header = np.zeros(len(buf), bool)
-            header[hstart[:-1][present]] = True
-            header[hstart[:-1][present] + 1] = True
-            ft_pool = buf[~header]
-        else:
-            ft_pool = np.empty(0, np.int64)
+        heads = _Heads(self, users, threads, batch_keys, stats)
+        n_events = heads.n_events
 
         # which chunks each row needs: up to the last chunk starting before `before`,
         # back far enough for max_len events, not before the window
         br = b[rows] if b is not None else None
+        c_win = None
         if br is None:
-            c_hi = n_chunks[inv] - 1
-        else:
-            c_hi = _seg_search(ft_pool, ft_start, inv, br) - ft_start[inv] - 1
+            c_hi = heads.n_chunks[inv] - 1
+        elif w is None:
+            c_hi = heads.chunk_before(inv, br)
+        else:  # both bounds in one search: one round trip for the head pages they need
+            both = heads.chunk_before(np.concatenate([inv, inv]), np.concatenate([br, br - w]))
+            c_hi, c_win = both[: len(inv)], both[len(inv) :]
         c_lo = np.zeros(len(rows), np.int64)
         if max_len is not None:
             c_lo = np.maximum(0, (c_hi * c + 1 - int(max_len)) // c)
-        c_win = None
-        if w is not None:
-            c_win = _seg_search(ft_pool, ft_start, inv, br - w) - ft_start[inv] - 1
+        if c_win is not None:
             c_lo = np.maximum(c_lo, c_win)
         m = np.maximum(c_hi - c_lo + 1, 0)
         if max_len == 0:
@@ -330,6 +315,91 @@ class SequenceStore:
         slots = np.repeat(np.arange(len(counts), dtype=np.int64) * c - pool_off[:-1], counts) + np.arange(len(tp))
         grid[slots] = tp
         return grid.reshape(-1, c)
+
+
+class _Heads:
+    """The heads of a batch's unique users, and the search for a chunk by time over one or two levels.
+
+    A head holds (event count, last time, first times); when it lists fewer
+    first times than the user has chunks it is two-level and lists the first
+    time of every ``HEAD_FANOUT``-th chunk, the pages holding the rest (see
+    :mod:`featurelake.sequences.layout`). Pages are fetched only for the
+    (user, page) pairs a search lands in, in one multi-get.
+    """
+
+    def __init__(self, store: "SequenceStore", users: np.ndarray, threads: int, batch_keys: int, stats: dict) -> None:
+        self.store, self.users, self.threads, self.batch_keys, self.stats = store, users, threads, batch_keys, stats
+        c = store.chunk_events
+        raw = store.multi_get(store.codec.head_keys(users), threads, batch_keys)
+        lens = np.fromiter((len(h) >> 3 if h else 0 for h in raw), np.int64, len(raw))
+        stats["head_bytes"] = int(lens.sum()) * 8
+        buf = np.frombuffer(b"".join(h for h in raw if h), "<i8")
+        hstart = np.zeros(len(users) + 1, np.int64)
+        np.cumsum(lens, out=hstart[1:])
+        present = lens > 0
+        self.n_events = np.zeros(len(users), np.int64)
+        self.n_events[present] = buf[hstart[:-1][present]]
+        self.n_chunks = -(-self.n_events // c)
+        listed = np.where(present, lens - 2, 0)
+        self.two_level = listed < self.n_chunks
+        self.top_start = np.zeros(len(users) + 1, np.int64)
+        np.cumsum(listed, out=self.top_start[1:])
+        if len(buf):
+            header = np.zeros(len(buf), bool)
+            header[hstart[:-1][present]] = True
+            header[hstart[:-1][present] + 1] = True
+            self.top = buf[~header]
+        else:
+            self.top = np.empty(0, np.int64)
+
+    def first_times(self) -> list[np.ndarray | None]:
+        """Per user: the first time of every chunk (all pages read), None for users without a head."""
+        deep = np.flatnonzero(self.two_level)
+        pages: dict[int, np.ndarray] = {}
+        if len(deep):
+            n_pages = -(-self.n_chunks[deep] // HEAD_FANOUT)
+            pu = np.repeat(deep, n_pages)
+            pp = np.arange(len(pu)) - np.repeat(np.cumsum(n_pages) - n_pages, n_pages)
+            vals = self.store.multi_get(self.store.codec.page_keys(self.users[pu], pp), self.threads, self.batch_keys)
+            if any(v is None for v in vals):
+                info = self.store.info
+                raise CorruptFileError(f"sequence store {info.db_dir} lacks a head page (build {info.build_id})", info.db_dir)
+            at = 0
+            for u, k in zip(deep, n_pages):
+                pages[int(u)] = np.frombuffer(b"".join(vals[at : at + k]), "<i8")
+                at += k
+        out: list[np.ndarray | None] = []
+        for i in range(len(self.users)):
+            if self.n_events[i] == 0:
+                out.append(None)
+            else:
+                out.append(pages[i] if i in pages else self.top[self.top_start[i] : self.top_start[i + 1]])
+        return out
+
+    def chunk_before(self, q_user: np.ndarray, q: np.ndarray) -> np.ndarray:
+        """Per query: the last chunk of user ``q_user[i]`` whose first time is < ``q[i]`` (-1: none)."""
+        j = _seg_search(self.top, self.top_start, q_user, q) - self.top_start[q_user]
+        out = j - 1
+        deep = np.flatnonzero(self.two_level[q_user] & (j > 0))
+        if not len(deep):
+            return out
+        f = HEAD_FANOUT
+        page = j[deep] - 1
+        codes, pinv = np.unique(q_user[deep].astype(np.int64) * (1 << 32) + page, return_inverse=True)
+        pu, pp = codes >> 32, codes & 0xFFFFFFFF
+        vals = self.store.multi_get(self.store.codec.page_keys(self.users[pu], pp), self.threads, self.batch_keys)
+        if any(v is None for v in vals):
+            info = self.store.info
+            raise CorruptFileError(f"sequence store {info.db_dir} lacks a head page (build {info.build_id})", info.db_dir)
+        plen = np.fromiter((len(v) >> 3 for v in vals), np.int64, len(vals))
+        self.stats["head_bytes"] += int(plen.sum()) * 8
+        pstart = np.zeros(len(vals) + 1, np.int64)
+        np.cumsum(plen, out=pstart[1:])
+        pool = np.frombuffer(b"".join(vals), "<i8")
+        pinv = pinv.reshape(-1)
+        k = _seg_search(pool, pstart, pinv, q[deep]) - pstart[pinv]  # >= 1: the page's first time is < q
+        out[deep] = page * f + k - 1
+        return out
 
 
 def _count_below(times: np.ndarray, counts: np.ndarray, pairs: np.ndarray, bound: np.ndarray) -> np.ndarray:

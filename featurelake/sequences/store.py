@@ -47,10 +47,13 @@ from featurelake.errors import CorruptFileError, FeatureLakeError
 
 HEAD_TAG = 0x00
 CHUNK_TAG = 0x01
+PAGE_TAG = 0x02   # head pages of a two-level head (see featurelake.sequences.layout)
+HEAD_FANOUT = 64  # chunks per head page: a user with more chunks gets a two-level head
 INT_PREFIX = 8
 _SIGN = np.uint64(1 << 63)
 _CHUNK_KEY = np.dtype([("u", ">u8"), ("t", "u1"), ("c", ">u4"), ("g", "u1")])
 _HEAD_KEY = np.dtype([("u", ">u8"), ("t", "u1")])
+_PAGE_KEY = np.dtype([("u", ">u8"), ("t", "u1"), ("p", ">u4")])
 
 
 # --------------------------------------------------------------------- keys
@@ -100,6 +103,16 @@ class KeyCodec:
             return _split(arr.tobytes(), _HEAD_KEY.itemsize)
         return [self.prefix(u) + b"\x00" for u in users]
 
+    def page_keys(self, users: np.ndarray, pages: np.ndarray) -> list[bytes]:
+        """Keys of (user, head page) pairs."""
+        if self.kind == "int":
+            arr = np.empty(len(users), dtype=_PAGE_KEY)
+            arr["u"] = users.astype(np.int64).view(np.uint64) ^ _SIGN
+            arr["t"] = PAGE_TAG
+            arr["p"] = pages.astype(np.uint32)
+            return _split(arr.tobytes(), _PAGE_KEY.itemsize)
+        return [self.page_key(u, int(p)) for u, p in zip(users, pages)]
+
     def chunk_keys(self, users: np.ndarray, chunks: np.ndarray, groups: Sequence[int]) -> list[bytes]:
         """Keys of (user, chunk) pairs for each group, group varying fastest."""
         g = len(groups)
@@ -118,6 +131,9 @@ class KeyCodec:
 
     def head_key(self, user) -> bytes:
         return self.prefix(user) + b"\x00"
+
+    def page_key(self, user, page: int) -> bytes:
+        return self.prefix(user) + bytes([PAGE_TAG]) + int(page).to_bytes(4, "big")
 
     def chunk_key(self, user, chunk: int, group: int) -> bytes:
         return self.prefix(user) + b"\x01" + int(chunk).to_bytes(4, "big") + bytes([group])
