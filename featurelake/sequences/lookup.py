@@ -29,6 +29,8 @@ from featurelake.sequences.layout import _int_times
 from featurelake.sequences.store import HEAD_FANOUT, READERS, FixedCodec, KeyCodec, backend_from_dict
 
 DEFAULT_BATCH_KEYS = 512     # keys per multi-get call (RocksDB: 256-1024 beat bigger calls)
+PARALLEL_EVENTS = 1 << 16    # below this many events a lookup assembles its columns in the calling thread:
+                             # handing work to a pool thread costs more than it saves (GIL hand-over)
 
 
 # ================================================================== reading
@@ -206,7 +208,7 @@ class SequenceStore:
                 return fetched[g].column(col).take(idx).combine_chunks()
 
             # gathers release the GIL: columns are assembled side by side
-            if threads > 1 and len(columns) > 1:
+            if threads > 1 and len(columns) > 1 and total >= PARALLEL_EVENTS:
                 arrays = list(_pool(threads).map(column, columns))
             else:
                 arrays = [column(col) for col in columns]

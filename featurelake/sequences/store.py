@@ -579,14 +579,19 @@ class FixedCodec:
         return out
 
     def to_arrow(self, name: str, vals: np.ndarray, valid: np.ndarray | None) -> pa.Array:
+        """One column from decoded values (zero-copy for fixed-width types) and validity flags."""
         f = self.schema.field(name)
-        mask = None if valid is None else ~valid
+        n = len(vals)
+        bitmap = None
+        if valid is not None and not valid.all():
+            bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
         if name in self.dictionaries:
-            return self._dict_arrays[name].take(pa.array(vals, mask=mask))
+            codes = pa.Array.from_buffers(pa.uint16(), n, [bitmap, pa.py_buffer(np.ascontiguousarray(vals))])
+            return self._dict_arrays[name].take(codes)
         if pa.types.is_boolean(f.type):
-            return pa.array(vals.view(np.bool_), mask=mask)
-        arr = pa.array(vals, mask=mask)
-        return arr if arr.type.equals(f.type) else arr.view(f.type)
+            data = np.packbits(vals.view(np.bool_), bitorder="little")
+            return pa.Array.from_buffers(pa.bool_(), n, [bitmap, pa.py_buffer(data)])
+        return pa.Array.from_buffers(f.type, n, [bitmap, pa.py_buffer(np.ascontiguousarray(vals))])
 
     def decode(self, values: list[bytes], counts: np.ndarray, chunk_events: int) -> pa.Table:
         cols = self.decode_padded(values, self.schema.names)
