@@ -60,6 +60,8 @@ class SequenceStore:
                 self.group_of[col] = g
         self.columns = list(info.columns) or [info.time] + [c for g in info.column_groups for c in g]
         self.last_stats: dict[str, int] = {}
+        self._fields: dict[str, pa.Field] = {}
+        self._types: dict[tuple, pa.DataType] = {}
         self.recorder: list[list[bytes]] | None = None  # set to a list to keep every key fetched (benchmarks)
 
     # ------------------------------------------------------------- plumbing
@@ -78,10 +80,17 @@ class SequenceStore:
         return list(columns)
 
     def output_type(self, columns: Sequence[str]) -> pa.DataType:
-        return pa.list_(pa.struct([self._field(c) for c in columns]))
+        key = tuple(columns)
+        t = self._types.get(key)
+        if t is None:
+            t = self._types[key] = pa.list_(pa.struct([self._field(c) for c in columns]))
+        return t
 
     def _field(self, col: str) -> pa.Field:
-        return self.schemas[self.group_of[col]].field(col)
+        f = self._fields.get(col)
+        if f is None:
+            f = self._fields[col] = self.schemas[self.group_of[col]].field(col)
+        return f
 
     def multi_get(self, keys: list[bytes], threads: int = 1, batch: int = DEFAULT_BATCH_KEYS) -> list[bytes | None]:
         """Raw batched point reads, split into calls of ``batch`` keys over ``threads`` threads."""
@@ -220,7 +229,7 @@ class SequenceStore:
     def _select(self, keys, rows, b, w, max_len, columns, threads, batch_keys, stats):
         """Per valid row: [lo, hi) into the pairs' events back to back, the offset of fixed-codec slots, and the data."""
         c = self.chunk_events
-        kv = self.codec.values(keys.take(pa.array(rows)))
+        kv = self.codec.values(keys if len(rows) == len(keys) else keys.take(pa.array(rows)))
         users, inv = np.unique(kv, return_inverse=True)
         inv = inv.reshape(-1)
         stats["users"] = len(users)
@@ -319,6 +328,11 @@ class SequenceStore:
         return grid.reshape(-1, c)
 
 
+MATRIX_CELLS = 1 << 22   # top levels searched as one padded matrix up to this many cells
+_NO_TIME = np.iinfo(np.int64).max  # padding: never below a bound
+_PAD = np.full(HEAD_FANOUT, _NO_TIME, "<i8").tobytes()
+
+
 class _Heads:
     """The heads of a batch's unique users, and the search for a chunk by time over one or two levels.
 
@@ -380,7 +394,15 @@ class _Heads:
 
     def chunk_before(self, q_user: np.ndarray, q: np.ndarray) -> np.ndarray:
         """Per query: the last chunk of user ``q_user[i]`` whose first time is < ``q[i]`` (-1: none)."""
-        j = _seg_search(self.top, self.top_start, q_user, q) - self.top_start[q_user]
+        listed = np.diff(self.top_start)
+        width = int(listed.max()) if len(listed) else 0
+        if width and len(listed) * width <= MATRIX_CELLS:
+            # few numpy calls for small batches: the top levels as one padded matrix, counted row-wise
+            grid = np.full((len(listed), width), _NO_TIME, np.int64)
+            grid[np.repeat(np.arange(len(listed)), listed), np.arange(len(self.top)) - np.repeat(self.top_start[:-1], listed)] = self.top
+            j = (grid[q_user] < q[:, None]).sum(axis=1)
+        else:
+            j = _seg_search(self.top, self.top_start, q_user, q) - self.top_start[q_user]
         out = j - 1
         deep = np.flatnonzero(self.two_level[q_user] & (j > 0))
         if not len(deep):
@@ -393,13 +415,12 @@ class _Heads:
         if any(v is None for v in vals):
             info = self.store.info
             raise CorruptFileError(f"sequence store {info.db_dir} lacks a head page (build {info.build_id})", info.db_dir)
-        plen = np.fromiter((len(v) >> 3 for v in vals), np.int64, len(vals))
-        self.stats["head_bytes"] += int(plen.sum()) * 8
-        pstart = np.zeros(len(vals) + 1, np.int64)
-        np.cumsum(plen, out=pstart[1:])
-        pool = np.frombuffer(b"".join(vals), "<i8")
+        self.stats["head_bytes"] += sum(map(len, vals))
+        # every page but a user's last holds HEAD_FANOUT times: pad the last, count row-wise
+        full = 8 * f
+        grid = np.frombuffer(b"".join(v if len(v) == full else v + _PAD[len(v) :] for v in vals), "<i8").reshape(-1, f)
         pinv = pinv.reshape(-1)
-        k = _seg_search(pool, pstart, pinv, q[deep]) - pstart[pinv]  # >= 1: the page's first time is < q
+        k = (grid[pinv] < q[deep][:, None]).sum(axis=1)  # >= 1: the page's first time is < q
         out[deep] = page * f + k - 1
         return out
 
