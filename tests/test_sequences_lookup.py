@@ -161,3 +161,19 @@ def test_random_rows_with_timestamp_times_and_long_users(lake, threads):
         got = st.lookup(keys, before=befores, columns=["ts", "item_id", "tags"], max_len=max_len, window=window,
                         threads=threads)
         assert got.to_pylist() == oracle(stored, keys, befores, ["ts", "item_id", "tags"], max_len, window)
+
+
+def test_string_keys_with_two_level_heads(lake):
+    schema = pa.schema([("user", pa.string()), ("t", pa.int64()), ("v", pa.float64())])
+    st = lake.create_sequence_table("ml.strlong", schema, key="user", time="t")
+    rng = np.random.default_rng(6)
+    n = 2 * (HEAD_FANOUT * C + 50)
+    users = rng.choice(["ann", "é", "bob-with-a-long-name"], n).tolist()
+    st.append(pa.table({"user": users, "t": rng.integers(0, n // 3, n), "v": rng.random(n)}, schema=schema))
+    st.build(chunk_events=C)
+    stored = st.read()
+    keys = ["ann", "é", "nobody", "bob-with-a-long-name", None] * 12
+    befores = rng.integers(-1, n // 3 + 2, len(keys)).tolist()
+    for max_len, window in [(None, None), (C, None), (None, 25), (2 * C + 1, 200)]:
+        got = st.lookup(keys, before=befores, columns=["t", "v"], max_len=max_len, window=window)
+        assert got.to_pylist() == oracle(stored, keys, befores, ["t", "v"], max_len, window, key="user", time="t")
