@@ -23,6 +23,9 @@ day-partitioned sample tables are). Side by side, in one run:
 4. **long histories**: lookups with the same max_len (256), and 1%-of-history
    time-window lookups, against users with 2K, 80K and 800K events each
    (:mod:`benchmarks.sequences_long`).
+5. **features** (:mod:`benchmarks.sequences_features`): an item-feature view
+   (as of the row's time, 64-float embeddings) and the sequence view joined
+   together, against each alone and the unjoined read.
 """
 from __future__ import annotations
 
@@ -55,8 +58,8 @@ GOAL_LONG = 1.5
 
 def sizes(cfg: Config) -> dict[str, int]:
     if cfg.quick:
-        return {"users": 150, "history": 600}
-    return {"users": 4000, "history": 800}
+        return {"users": 150, "history": 600, "items": 500}
+    return {"users": 4000, "history": 800, "items": 20_000}
 
 
 # ------------------------------------------------------------------- data
@@ -353,6 +356,14 @@ def run(cfg: Config) -> dict[str, Any]:
               f"{tp['plain_rows_per_s']:,} rows/s; lookups {tp['lookups_vs_floor']['lookups_per_s']:,}/s vs raw multi-get "
               f"{tp['lookups_vs_floor']['raw_multiget_rows_per_s']:,}/s")
 
+        # 5. a sequence view and an item-feature view together
+        from benchmarks.sequences_features import feature_join
+
+        fj = result["feature_join"] = feature_join(lake, rows, view_hot, sz["items"], START, DAYS, cfg.seed, BATCH, threads,
+                                                   repeat, ["sample_id", "label"] + FEATURES)
+        print(f"  features: both joins {fj['both_rows_per_s']:,} rows/s vs sequences only {fj['sequences_rows_per_s']:,}, "
+              f"features only {fj['features_rows_per_s']:,}, plain {fj['plain_rows_per_s']:,} rows/s")
+
         # 4. long histories
         result["long_histories"] = long_histories(lake, cfg, threads, START, HOT, GROUPS, MAX_LEN, REPEAT_RATE)
         lh = result["long_histories"]
@@ -387,6 +398,8 @@ def run(cfg: Config) -> dict[str, Any]:
             "long histories: batches of 16 distinct users x 16 rows (own `before` each, uniform over days 60..365 of a "
             "one-year history); full size 2000 users x 2K, 100 x 80K, 16 x 800K events; window = 3.65 days (1% of the "
             "history) capped at 256 events",
+            "feature_join: item features as of the row's time (1-8 versions per item, 64-float embedding taken to numpy "
+            "zero-copy per batch); sequences = the hot projection above; best of `repeat` interleaved reads",
         ]
     print_goals(goals)
     path = write_result(NAME, cfg, result)

@@ -247,6 +247,32 @@ class Lake:
 
         return open_sequence_table(self, name)
 
+    # -------------------------------------------------------- feature tables
+    def create_feature_table(
+        self,
+        name: str,
+        schema: pa.Schema,
+        key: str,
+        time: str | None = None,
+        partition_by: Sequence[str] = (),
+        properties: dict[str, str] | None = None,
+    ):
+        """Create a table of entity features (item, author, ad), versioned by ``time`` or, without one, by append.
+
+        Embeddings are declared as fixed-size lists. Joined to training rows
+        at read time with ``t.batches(features={"item": ft.view(...)})``.
+        See :mod:`featurelake.sequences.features`.
+        """
+        from featurelake.sequences.features import create_feature_table
+
+        return create_feature_table(self, name, schema, key, time, partition_by, properties)
+
+    def feature_table(self, name: str):
+        """Open an existing feature table (append, build, lookup, view)."""
+        from featurelake.sequences.features import open_feature_table
+
+        return open_feature_table(self, name)
+
     @storage_errors("tables")
     def tables(self) -> list[str]:
         """Every table in the lake, as ``namespace.table``, sorted."""

@@ -146,20 +146,21 @@ class Table:
         with_locator: bool = False,
         max_bad_file_ratio: float = 0.0,
         sequences: dict[str, Any] | None = None,
+        features: dict[str, Any] | None = None,
     ) -> pa.Table:
-        """Read a branch, tag or snapshot with update files merged in."""
+        """Read a branch, tag or snapshot with update files merged in; ``sequences=``, ``features=``: read-time joins."""
         extra: list[str] = []
-        if sequences:  # the joins need their key and time columns: read them, drop them after
-            from featurelake.sequences.join import columns_for_join
+        if sequences or features:  # the joins need their key and time columns: read them, drop them after
+            from featurelake.sequences.featurejoin import plan_joins
 
-            columns, extra = columns_for_join(columns, sequences)
+            columns, extra = plan_joins(columns, sequences, features)
         scan = self.scan(columns, filter, branch, snapshot_id, with_locator, max_bad_file_ratio)
         result = scan.to_table()
         self.last_read_report = scan.report
-        if sequences:
-            from featurelake.sequences.join import join_sequences
+        if sequences or features:
+            from featurelake.sequences.featurejoin import apply_joins
 
-            result = join_sequences(result, sequences, drop=extra)
+            result = apply_joins(result, sequences, features, drop=extra)
         return result
 
     def to_pandas(
@@ -171,9 +172,11 @@ class Table:
         with_locator: bool = False,
         max_bad_file_ratio: float = 0.0,
         sequences: dict[str, Any] | None = None,
+        features: dict[str, Any] | None = None,
     ):
         """``read(...)`` as a pandas DataFrame (same arguments, update files merged in)."""
-        return self.read(columns, filter, branch, snapshot_id, with_locator, max_bad_file_ratio, sequences).to_pandas()
+        return self.read(columns, filter, branch, snapshot_id, with_locator, max_bad_file_ratio, sequences,
+                         features).to_pandas()
 
     def to_polars(
         self,
@@ -184,13 +187,15 @@ class Table:
         with_locator: bool = False,
         max_bad_file_ratio: float = 0.0,
         sequences: dict[str, Any] | None = None,
+        features: dict[str, Any] | None = None,
     ):
         """``read(...)`` as a polars DataFrame (same arguments); polars is imported only here."""
         try:
             import polars as pl
         except ImportError as e:
             raise InvalidArgumentError("to_polars needs polars: pip install polars") from e
-        return pl.from_arrow(self.read(columns, filter, branch, snapshot_id, with_locator, max_bad_file_ratio, sequences))
+        return pl.from_arrow(self.read(columns, filter, branch, snapshot_id, with_locator, max_bad_file_ratio, sequences,
+                                       features))
 
     def batches(
         self,
@@ -205,20 +210,22 @@ class Table:
         snapshot_id: int | None = None,
         with_locator: bool = False,
         sequences: dict[str, Any] | None = None,
+        features: dict[str, Any] | None = None,
     ) -> Iterator[pa.RecordBatch]:
-        """Stream record batches with bounded memory (files are read one or two ahead)."""
+        """Stream record batches with bounded memory (files are read one or two ahead); joins as in ``read``."""
         extra: list[str] = []
-        if sequences:  # the joins need their key and time columns: read them, drop them after
-            from featurelake.sequences.join import columns_for_join
+        if sequences or features:  # the joins need their key and time columns: read them, drop them after
+            from featurelake.sequences.featurejoin import plan_joins
 
-            columns, extra = columns_for_join(columns, sequences)
+            columns, extra = plan_joins(columns, sequences, features)
         scan = self.scan(columns, filter, branch, snapshot_id, with_locator, max_bad_file_ratio, batch_size)
         self.last_read_report = scan.report
         stream = scan.to_batches(shuffle=shuffle, seed=seed, sample=sample)
-        if sequences:
-            from featurelake.sequences.join import join_sequences_batches
+        if sequences or features:
+            from featurelake.sequences.featurejoin import apply_joins_batches
 
-            return join_sequences_batches(stream, sequences, drop=extra)
+            schema = scan.output_schema if features else None  # feature views are checked now, not at the first batch
+            return apply_joins_batches(stream, sequences, features, drop=extra, schema=schema)
         return stream
 
     # --------------------------------------------------------------- writing

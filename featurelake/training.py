@@ -221,6 +221,7 @@ class TrainingReader:
         weight_column: str | None = None,
         sequences: dict[str, Any] | None = None,
         label_column: str | None = None,
+        features: dict[str, Any] | None = None,
         drop_last: bool = False,
         shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
         interleave: int = DEFAULT_INTERLEAVE,
@@ -259,16 +260,17 @@ class TrainingReader:
         self.shuffle_buffer = shuffle_buffer
         self.interleave = interleave if self.shuffle else 1
         self.sequences = dict(sequences or {})
+        self.features = dict(features or {})
         self.worker_id, self.num_workers = 0, 1
         self.set_worker(worker_id, num_workers)
 
         # The columns to read: the projection, plus what sampling and the joins need (dropped after).
         wanted = list(columns) if columns is not None else None
         join_extra: list[str] = []
-        if self.sequences:
-            from featurelake.sequences import columns_for_join
+        if self.sequences or self.features:
+            from featurelake.sequences.featurejoin import plan_joins
 
-            wanted, join_extra = columns_for_join(wanted, self.sequences)
+            wanted, join_extra = plan_joins(wanted, self.sequences, self.features)
         label_extra = [label_column] if rates and wanted is not None and label_column not in wanted else []
         self.scan = table.scan(
             None if wanted is None else wanted + label_extra, filter, branch, snapshot_id, with_locator=with_locator
@@ -277,8 +279,13 @@ class TrainingReader:
         names = self.scan.output_schema.names
         if rates and label_column not in names:
             raise SchemaMismatchError(f"label_column {label_column!r} is not a column of the table", [label_column])
-        if weight_column is not None and (weight_column in names or weight_column in self.sequences):
+        joined = [f.name for name, v in self.features.items() for f in v.output_fields(name)] if self.features else []
+        if weight_column is not None and (weight_column in names or weight_column in self.sequences or weight_column in joined):
             raise SchemaMismatchError(f"weight_column {weight_column!r} clashes with a column of the read", [weight_column])
+        if self.features:
+            from featurelake.sequences.featurejoin import check_joins
+
+            check_joins(self.scan.output_schema, self.sequences, self.features)
         self._label_extra = label_extra
         self._join_extra = join_extra
         self.tasks = sorted(self.scan.tasks(), key=lambda t: t.file.file_path)
@@ -386,12 +393,12 @@ class TrainingReader:
         if self._finished:
             self.set_epoch(self.epoch + 1)
         stream = self._batches()
-        if not self.sequences:
+        if not (self.sequences or self.features):
             return stream
         return self._joined(stream)
 
     def _joined(self, stream: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from featurelake.sequences import join_sequences_batches
+        from featurelake.sequences.featurejoin import apply_joins_batches
 
         # The join reads one batch ahead: hand out the position that belongs to each joined batch.
         positions: list[tuple[tuple[int, int], bool, int]] = []
@@ -403,7 +410,7 @@ class TrainingReader:
                 yield batch
             done.append((self._position, self._finished, self.batches_emitted))
 
-        for batch in join_sequences_batches(source(), self.sequences, drop=self._join_extra):
+        for batch in apply_joins_batches(source(), self.sequences, self.features, drop=self._join_extra):
             self._position, self._finished, self.batches_emitted = positions.pop(0)
             yield batch
         if done:

@@ -50,6 +50,10 @@ The package is split by concept; this ``__init__`` re-exports the public face:
   for serving, and the conversion of keys, times and windows.
 * :mod:`featurelake.sequences.store` -- the key-value interface, RocksDB behind it,
   and the key and value codecs.
+* :mod:`featurelake.sequences.features` -- entity feature tables (:class:`FeatureTable`:
+  versions of item, author or ad features and embeddings) built into the same store, and
+  :mod:`featurelake.sequences.featurejoin` -- their read-time join
+  (``Table.read/batches(features={name: view})``, one version per row, as of its time).
 """
 from featurelake.sequences.table import *  # noqa: F401,F403
 from featurelake.sequences.table import __all__  # noqa: F401
