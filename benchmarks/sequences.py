@@ -54,6 +54,8 @@ REPEAT_RATE = 0.3      # share of a user's events revisiting one of their 32 fav
 GOAL_STORAGE = 8.0
 GOAL_BYTES = 2 / 3      # Meta: about a third less than whole histories
 GOAL_LONG = 1.5
+GOAL_FLOOR = 1.5        # issue 12: lookups within 1.5x of the raw multi-get floor
+GOAL_JOIN = 0.25        # issue 12: joined batches at >= 25% of the unjoined read's rows/s
 
 
 def sizes(cfg: Config) -> dict[str, int]:
@@ -380,6 +382,11 @@ def run(cfg: Config) -> dict[str, Any]:
                  higher_is_better=False),
             goal(f"1%-window lookup cost (max_len 256): {big} / {small} events per user",
                  lh["cost_largest_over_smallest_window"], GOAL_LONG, higher_is_better=False),
+            goal(f"lookup time / raw multi-get of the same keys ({threads} threads)",
+                 tp["lookups_vs_floor"]["lookup_over_floor_time"], GOAL_FLOOR, higher_is_better=False),
+            goal("lookup time / raw multi-get of the same keys (1 thread)",
+                 tp["lookups_vs_floor_one_thread"]["lookup_over_floor_time"], GOAL_FLOOR, higher_is_better=False),
+            goal("joined (256-event histories) / unjoined rows/s", tp["joined_over_plain_throughput"], GOAL_JOIN),
         ]
         result["goals"] = goals
         if cfg.profile:
