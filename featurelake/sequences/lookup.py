@@ -3,7 +3,9 @@
 Why a module of its own: the read path is the hot one and has its own
 concerns. :class:`SequenceStore` opens one build (through its record,
 :class:`featurelake.sequences.build.BuildInfo`) and answers a batch of (key, before)
-lookups: it reads the heads of the batch's unique users, picks only the
+lookups: it reads the heads of the batch's unique users (and, for users
+with two-level heads, only the head pages the rows' ``before`` and window
+bounds fall in, in one more round: :class:`_Heads`), picks only the
 chunks that can hold the last ``max_len`` events before each row's time
 (inside ``window``), fetches them with batched multi-gets on a shared thread
 pool, decodes them per column group and cuts each row's list out of one
