@@ -306,7 +306,8 @@ def snapshot_expiry(
     deps=[snapshot_expiry],
     kinds={"iceberg"},
     description="Nightly, after snapshot expiry: delete the files no retained snapshot of any "
-    "branch or tag references, once older than the grace period (dry_run lists them).",
+    "branch or tag references, and the sequence store builds none is served from, once older "
+    "than the grace period (dry_run lists them).",
 )
 def garbage_collection(
     context: AssetExecutionContext, config: GarbageCollectionConfig, lake: LakeResource
@@ -326,6 +327,8 @@ def garbage_collection(
             "files": MetadataValue.int(len(report.files)),
             "bytes": MetadataValue.int(int(report.bytes)),
             "kept_young": MetadataValue.int(int(report.kept_young)),
+            # sequence store builds no retained snapshot is served from (table -> build ids)
+            "store_builds": MetadataValue.int(sum(len(ids) for ids in report.builds.values())),
             "per_table": records_table(report.tables),
             "sample_files": MetadataValue.json(sorted(report.files)[:20]),
             "seconds": MetadataValue.float(round(float(report.seconds), 4)),

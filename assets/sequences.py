@@ -28,7 +28,8 @@ built offline from it. A reader joins the histories back at read time
   after appends only the users with new events are re-encoded; after a day was
   replaced (files removed) the engine extends the newest build whose files are
   all still live, or builds in full. A head that already has a build is
-  reused, not rebuilt. Old builds are pruned (``keep_builds``).
+  reused, not rebuilt. Builds no retained snapshot needs are deleted by the
+  nightly ``garbage_collection`` asset (``lake.collect_garbage``), not here.
 
 ``main_job`` selects the whole group: a daily run appends the day's events and
 then builds the store incrementally (an unpartitioned asset runs un-partitioned
@@ -71,7 +72,6 @@ EVENTS_PARTITION_BY = ["day(ts)"]
 #: binomial number of events that day (mean ``events_per_user``), not the same count.
 SPREAD_DAYS = 7
 DEFAULT_EVENTS_PER_USER = 8
-DEFAULT_KEEP_BUILDS = 3
 #: The store's column groups, hot first: training reads item_id + event_type (+ ts, always in
 #: the first group); fixed-width and low-cardinality columns decode as raw fixed-size chunks,
 #: ~2x faster joins than one Arrow-IPC group holding the list column ``tags`` too.
@@ -262,10 +262,6 @@ class SequenceStoreConfig(Config):
         description="Extend the newest build when only appends happened since (else a full build).",
     )
     force: bool = Field(default=False, description="Build even if the head already has a build.")
-    keep_builds: int = Field(
-        default=DEFAULT_KEEP_BUILDS,
-        description="Builds kept after this one (older ones are deleted); 0 keeps all.",
-    )
     column_groups: Optional[List[List[str]]] = Field(
         default_factory=lambda: [list(g) for g in DEFAULT_COLUMN_GROUPS],
         description="Attribute groups fetched separately, hot first (the first also holds ts); "
@@ -295,8 +291,6 @@ def sequence_store(
     if not lk.table_exists(EVENTS_TABLE):
         raise Failure(f"{EVENTS_TABLE} does not exist yet: materialize user_events first")
     st = lk.sequence_table(EVENTS_TABLE)
-    if config.keep_builds < 0:
-        raise Failure(f"sequence_store: keep_builds must be >= 0, got {config.keep_builds}")
     started = time.perf_counter()
     known = {b.build_id for b in st.builds()}
     options = dict(
@@ -321,7 +315,7 @@ def sequence_store(
             raise Failure(f"sequence_store: {e}") from e
         raise
     reused = info.build_id in known
-    pruned = st.prune_builds(keep_last=config.keep_builds) if config.keep_builds else []
+    builds = st.builds()
     seconds = time.perf_counter() - started
     head = st.stats().get("snapshot_id")
     mode = "reused" if reused else ("incremental" if info.incremental else "full")
@@ -355,7 +349,8 @@ def sequence_store(
             "column_groups": MetadataValue.text(
                 " | ".join(", ".join(g) for g in info.column_groups)
             ),
-            "builds_pruned": MetadataValue.int(len(pruned)),
+            # builds on disk; those no retained snapshot needs go with garbage collection
+            "builds": MetadataValue.int(len(builds)),
             "path": MetadataValue.path(str(info.path)),
             "seconds": MetadataValue.float(round(seconds, 4)),
             **path_metadata(ray_path, info.tasks),

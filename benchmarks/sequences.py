@@ -26,6 +26,11 @@ day-partitioned sample tables are). Side by side, in one run:
 5. **features** (:mod:`benchmarks.sequences_features`): an item-feature view
    (as of the row's time, 64-float embeddings) and the sequence view joined
    together, against each alone and the unjoined read.
+6. **incremental build after one day**: an event table holding ``DAYS - 1``
+   days is built in full; the last day's events are appended; then, interleaved
+   ``repeat`` times, an incremental build (re-encodes only the users with new
+   events, from their first affected chunk, and hard-links the rest) versus a
+   full build of the same snapshot: build seconds and bytes written.
 """
 from __future__ import annotations
 
@@ -60,8 +65,8 @@ GOAL_JOIN = 0.25        # issue 12: joined batches at >= 25% of the unjoined rea
 
 def sizes(cfg: Config) -> dict[str, int]:
     if cfg.quick:
-        return {"users": 150, "history": 600, "items": 500}
-    return {"users": 4000, "history": 800, "items": 20_000}
+        return {"users": 150, "history": 600, "items": 500, "daily_users": 100, "daily_history": 300}
+    return {"users": 4000, "history": 800, "items": 20_000, "daily_users": 4000, "daily_history": 800}
 
 
 # ------------------------------------------------------------------- data
@@ -270,6 +275,61 @@ def lookups_vs_floor(store, batches: list[pa.RecordBatch], threads: int, repeat:
     }
 
 
+def incremental_build(lake, sz: dict[str, int], cfg: Config, repeat: int) -> dict[str, Any]:
+    """Build time and bytes of an incremental build after one day of new events, against a full build.
+
+    Interleaved: each repetition makes the incremental build (extending the
+    build of the first ``DAYS - 1`` days), drops it, makes a full build of the
+    same snapshot, drops it; medians. Both builds must answer lookups alike.
+    """
+    import pyarrow.compute as pc
+
+    from featurelake.synthetic import user_events, user_events_schema
+
+    users, per = sz["daily_users"], sz["daily_history"]
+    events = pa.Table.from_batches(list(user_events(users, per, days=DAYS, start=START, seed=cfg.seed + 5,
+                                                    batch_size=1 << 20, repeat_rate=REPEAT_RATE)))
+    last_day = np.datetime64(_dt.datetime.combine(START + _dt.timedelta(days=DAYS - 1), _dt.time()), "us")
+    new_day = pc.greater_equal(events.column("ts"), pa.scalar(last_day, pa.timestamp("us")))
+    history, day = events.filter(pc.invert(new_day)), events.filter(new_day)
+    st = lake.create_sequence_table("bench.events_daily", user_events_schema(), key="user_id", time="ts")
+    st.append(history)
+    base = st.build(column_groups=GROUPS)
+    st.append(day)
+    inc_runs, full_runs = [], []
+    rng = np.random.default_rng(cfg.seed + 6)
+    keys = pa.array(rng.integers(0, users, 2000).astype(np.int64))
+    for _ in range(repeat):
+        inc = st.build()
+        assert inc.incremental and inc.base_build == base.build_id, "the day's build must extend the base build"
+        got_inc = st.lookup(keys, None, HOT, 64, build=inc.build_id)
+        st.drop_build(inc.build_id)
+        full = st.build(incremental=False, force=True)
+        got_full = st.lookup(keys, None, HOT, 64, build=full.build_id)
+        st.drop_build(full.build_id)
+        assert got_inc.equals(got_full), "incremental and full builds answer differently"
+        inc_runs.append(inc)
+        full_runs.append(full)
+
+    def med(runs, attr: str) -> float:
+        return float(np.median([getattr(r, attr) for r in runs]))
+
+    out = {
+        "users": users, "events_per_user": per, "days": DAYS,
+        "base_events": base.events, "base_build_s": base.seconds, "base_store_bytes": base.store_bytes,
+        "new_events": inc_runs[0].new_events, "affected_users": inc_runs[0].affected_users,
+        "incremental_s": med(inc_runs, "seconds"), "full_s": med(full_runs, "seconds"),
+        "incremental_s_runs": [r.seconds for r in inc_runs], "full_s_runs": [r.seconds for r in full_runs],
+        # bytes: what a build writes (an incremental build's new layer; its other files are hard links)
+        "incremental_bytes_written": int(med(inc_runs, "bytes")), "full_bytes_written": int(med(full_runs, "bytes")),
+        "incremental_store_bytes": int(med(inc_runs, "store_bytes")), "full_store_bytes": int(med(full_runs, "store_bytes")),
+        "incremental_layers": len(inc_runs[0].layers),
+    }
+    out["full_over_incremental_s"] = ratio(out["full_s"], out["incremental_s"])
+    out["full_over_incremental_bytes"] = ratio(out["full_bytes_written"], out["incremental_bytes_written"])
+    return out
+
+
 # -------------------------------------------------------------------- run
 def run(cfg: Config) -> dict[str, Any]:
     from featurelake import Lake
@@ -373,6 +433,13 @@ def run(cfg: Config) -> dict[str, Any]:
         print(f"  long histories: {small} {lh[small]['us_per_lookup']} us vs {big} {lh[big]['us_per_lookup']} us per lookup "
               f"= {lh['cost_largest_over_smallest']}x; 1% window {lh['cost_largest_over_smallest_window']}x")
 
+        # 6. incremental build after one day of new events
+        result["incremental_build"] = inc = incremental_build(lake, sz, cfg, repeat)
+        print(f"  one more day ({inc['new_events']:,} events, {inc['affected_users']:,} users): incremental build "
+              f"{inc['incremental_s']:.2f} s, {fmt_bytes(inc['incremental_bytes_written'])} written vs full "
+              f"{inc['full_s']:.2f} s, {fmt_bytes(inc['full_bytes_written'])} = {inc['full_over_incremental_s']}x time, "
+              f"{inc['full_over_incremental_bytes']}x bytes")
+
         goals = [
             goal("storage: denormalized (last 256 events per row) / normalized (rows + store)",
                  storage_result["denormalized_over_normalized"], GOAL_STORAGE),
@@ -402,11 +469,14 @@ def run(cfg: Config) -> dict[str, Any]:
             "bytes fetched count values returned by the store (heads + chunks) for 4096-row batches; the baseline "
             "fetches each unique user's whole history once per batch",
             f"throughput and lookups use {threads} threads and hot/cold column groups {GROUPS}; projection {HOT}",
-            "long histories: batches of 16 distinct users x 16 rows (own `before` each, uniform over days 60..365 of a "
+            "long histories: batches of 16 distinct users, one row each (own `before`, uniform over days 60..365 of a "
             "one-year history); full size 2000 users x 2K, 100 x 80K, 16 x 800K events; window = 3.65 days (1% of the "
             "history) capped at 256 events",
             "feature_join: item features as of the row's time (1-8 versions per item, 64-float embedding taken to numpy "
             "zero-copy per batch); sequences = the hot projection above; best of `repeat` interleaved reads",
+            "incremental build: a separate table of daily_users x daily_history events over DAYS days; the base build "
+            "holds the first DAYS-1 days; incremental and full builds of the head alternate (medians); bytes written "
+            "are the build's new files (an incremental build hard-links the base's)",
         ]
     print_goals(goals)
     path = write_result(NAME, cfg, result)

@@ -8,7 +8,10 @@ lists, old metadata and dead sequence store builds — and only once they are
 older than a grace period, which protects writes in flight (their files exist
 before their commit does). Folders of tables no longer in the catalog (dropped,
 or a ``metadata.json`` a crash left before the catalog insert) are collected
-too, but only under the lake's own warehouse.
+too, but only under the lake's own warehouse. Sequence store builds live on a
+local disk, often outside any table location (the lake's cache folder): they are
+collected whole, by which builds retained snapshots are served from
+(:mod:`featurelake.sequences.collect`), under the same grace period.
 
 It is fail-safe. Every path is compared as a canonical URI through the table's
 own FileIO (:mod:`featurelake.storage`), and a table is skipped, its files
@@ -22,6 +25,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 from pyiceberg.io import load_file_io
@@ -31,7 +35,8 @@ from featurelake import refs
 from featurelake.commit import optimistic
 from featurelake.errors import GarbageCollectionError
 from featurelake.placement import PROJECTIONS_DIR
-from featurelake.sequences.buildinfo import PROP_KEY, list_builds, live_builds, store_root
+from featurelake.sequences.buildinfo import PROP_KEY, store_root
+from featurelake.sequences.collect import BuildPlan, orphan_roots, plan_builds, plan_orphan_root, remove_builds
 from featurelake.state import STATE_KEY, state_of
 from featurelake.storage import PLATFORM_DIR, Storage, StoredFile, is_under, storage_of
 
@@ -50,6 +55,7 @@ class GarbageReport:
     kept_young: int = 0
     tables: dict[str, dict[str, int]] = field(default_factory=dict)
     orphans: dict[str, int] = field(default_factory=dict)  # folder of a table gone from the catalog -> files
+    builds: dict[str, list[str]] = field(default_factory=dict)  # table -> its dead sequence store builds
     refused: dict[str, str] = field(default_factory=dict)  # table or folder -> why its files were kept
     seconds: float = 0.0
 
@@ -175,6 +181,7 @@ class _Plan:
     garbage: list[StoredFile] = field(default_factory=list)
     young: int = 0
     refused: dict[str, str] = field(default_factory=dict)
+    store: BuildPlan | None = None  # the table's dead store builds (on a local disk, see sequences.collect)
 
 
 def _is_catalog_file(f: StoredFile) -> bool:
@@ -185,28 +192,26 @@ def _old(f: StoredFile, cutoff: float) -> bool:
     return f.mtime is not None and f.mtime <= cutoff
 
 
-def _live_store_builds(table: "Table", ice: IcebergTable, storage: Storage, location: str) -> tuple[str, set[str]] | None:
-    """(canonical store root, live build folders) when the table's sequence store lies under its location."""
-    if PROP_KEY not in ice.metadata.properties:
-        return None
+def _store_root(table: "Table", ice: IcebergTable) -> Path | None:
+    """The local folder of the table's store builds (sequence or feature table), or None when it has none."""
     try:
-        root_dir = store_root(table.lake.cache_dir, table.name, ice)
-        root = storage.canonical(str(root_dir))
-    except Exception:  # noqa: BLE001 - no local store configured: nothing of it is in the lake
+        root = store_root(table.lake.cache_dir, table.name, ice)
+    except Exception:  # noqa: BLE001 - no local store configured: no build can exist
         return None
-    if not is_under(root, location):
+    if PROP_KEY not in ice.metadata.properties and not root.is_dir():
         return None
-    return root, {storage.canonical(b.path) for b in live_builds(ice.metadata, list_builds(root_dir))}
+    return root
 
 
 def _table_plan(table: "Table", ice: IcebergTable, nested: list[str], cutoff: float) -> _Plan:
-    """Unreferenced files of one table older than ``cutoff``; refuses (keeps all) on any doubt."""
+    """Unreferenced files of one table and its dead store builds, older than ``cutoff``; refuses (keeps all) on any doubt."""
     plan = _Plan()
     storage = storage_of(ice.io)
     location = storage.canonical(ice.location())
     try:
         keep = {storage.canonical(p) for p in referenced_files(table, ice)}
-        store = _live_store_builds(table, ice, storage, location)
+        root = _store_root(table, ice)
+        store = storage.canonical(str(root)) if root is not None else None
     except Exception as e:  # noqa: BLE001 - unreadable references: keep everything
         plan.refused[table.name] = f"its references cannot be read ({type(e).__name__}: {e}); nothing deleted"
         return plan
@@ -221,24 +226,25 @@ def _table_plan(table: "Table", ice: IcebergTable, nested: list[str], cutoff: fl
     if current not in {f.uri for f in listed}:
         plan.refused[table.name] = f"its current metadata {current} is not among the files listed under {location}; nothing deleted"
         return plan
-    builds: dict[str, list[StoredFile]] = {}
     for f in listed:
         if f.uri in keep or _is_catalog_file(f) or f"/{PLATFORM_DIR}/{PROJECTIONS_DIR}/" in f.uri:
             continue  # projection logs are snapshot-independent platform metadata
-        if store is not None and is_under(f.uri, store[0]):
-            build = store[0] + "/" + f.uri[len(store[0]) + 1 :].split("/", 1)[0]
-            if build not in store[1]:
-                builds.setdefault(build, []).append(f)
-            continue
+        if store is not None and is_under(f.uri, store):
+            continue  # store builds go whole, by what retained snapshots need (below)
         if _old(f, cutoff):
             plan.garbage.append(f)
         else:
             plan.young += 1
-    for files in builds.values():  # a dead build goes whole, its record first, or not at all
-        if all(_old(f, cutoff) for f in files):
-            plan.garbage.extend(sorted(files, key=lambda f: not f.uri.endswith("/build.json")))
-        else:
-            plan.young += len(files)
+    if root is not None:
+        try:
+            plan.store = plan_builds(root, ice.metadata, cutoff)
+        except Exception as e:  # noqa: BLE001 - an unreadable store folder: keep every build
+            plan.refused[f"{table.name} store"] = f"its store builds cannot be listed ({type(e).__name__}: {e}); kept"
+            return plan
+        plan.young += sum(len(list(Path(root, b).rglob("*"))) for b in plan.store.young)
+        if plan.store.foreign:
+            plan.refused[str(root)] = (f"{len(plan.store.foreign)} build(s) there record another table "
+                                       f"({', '.join(plan.store.foreign[:3])}); kept")
     return plan
 
 
@@ -298,6 +304,10 @@ def _warehouse_storage(lake: "Lake", tables: list[IcebergTable]) -> tuple[Storag
 def collect_garbage(lake: "Lake", older_than: timedelta = timedelta(days=3), dry_run: bool = False) -> GarbageReport:
     """Delete files no retained snapshot of any ref references, older than the grace period.
 
+    Also the sequence store builds no retained snapshot is served from, wherever the
+    lake keeps them (its local cache folder too; see :mod:`featurelake.sequences.collect`);
+    ``report.builds`` names them per table.
+
     Raises GarbageCollectionError on a negative grace period (files of writes in
     flight are younger than zero days only by clock skew). Tables or folders it
     cannot prove garbage are kept and listed in ``report.refused``.
@@ -327,6 +337,8 @@ def collect_garbage(lake: "Lake", older_than: timedelta = timedelta(days=3), dry
         else:
             orphans, report.orphans = _orphan_plan(where[0], where[1], list(locations.values()), cutoff)
             plans.append((None, orphans))
+    if not unloadable:
+        plans.extend((None, p) for p in _orphan_store_plans(lake, {name for name, _, _ in loaded}, cutoff))
     for name, plan in plans:
         report.kept_young += plan.young
         report.refused.update(plan.refused)
@@ -341,10 +353,41 @@ def collect_garbage(lake: "Lake", older_than: timedelta = timedelta(days=3), dry
                     f.fs.delete_file(f.path)
                 except FileNotFoundError:
                     pass  # another collector got there first
+        store = plan.store
+        if store is not None and store.doomed:
+            report.files.extend("file://" + p for p in store.files)
+            report.bytes += store.bytes
+            counts["files"] += len(store.files)
+            counts["bytes"] += store.bytes
+            report.builds[name or str(store.root)] = list(store.build_ids)
+            if not dry_run:
+                remove_builds(store)
+                if name is None:  # a dropped table's store root: its folder goes too, once empty
+                    try:
+                        store.root.rmdir()
+                    except OSError:
+                        pass
         if name is not None:
             report.tables[name] = counts
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _orphan_store_plans(lake: "Lake", tables: set[str], cutoff: float) -> list[_Plan]:
+    """Store roots of tables dropped from the catalog, under an embedded lake's own home only.
+
+    A catalog lake's cache folder may be shared with other lakes, whose tables
+    this catalog does not list: their stores are never touched.
+    """
+    home, cache = getattr(lake, "home", None), getattr(lake, "cache_dir", None)
+    if home is None or cache is None or Path(cache).resolve() != Path(home).resolve():
+        return []
+    plans = []
+    for root in orphan_roots(Path(cache) / "sequences", tables):
+        plan = _Plan(store=plan_orphan_root(root, cutoff))
+        plan.young = len(plan.store.young)
+        plans.append(plan)
+    return plans
 
 
 def purge_files(lake: "Lake", name: str, ice: IcebergTable) -> int:

@@ -478,7 +478,7 @@ def rebuild(table, branch: str = "main") -> dict:
         seg = write_segment(ice.io, location_of(ice), file_keys(ice, live, keys), key_is_exact(ice.schema(), keys))
         writer = StateWriter(table._state(ice, head), ice.io, table._platform_dir(ice))
         writer.replace_index_segments([seg.as_dict()] if seg else [])
-        props = {STATE_KEY: writer.write(), "featurelake.operation": "index rebuild"}
+        props = {STATE_KEY: writer.write(), "featurelake.operation": "index rebuild", **refs.same_events_props(head)}
         tx = ice.transaction()
         tx.update_snapshot(snapshot_properties=props, branch=branch).fast_append().commit()
         new = tx.commit_transaction()

@@ -336,7 +336,7 @@ def _commit_bins(
             writer.add_index_segments([plan.segment])
             added_paths.append(plan.segment["path"])
     root = writer.write() if writer.changed else state.root_path
-    snapshot_props = {"featurelake.operation": "compact"}
+    snapshot_props = {"featurelake.operation": "compact", **refs.same_events_props(head)}
     snapshot_props.update(summary_props(ice.io, root))
     tx = ice.transaction()
     with tx.update_snapshot(snapshot_properties=snapshot_props, branch=branch).overwrite() as op:

@@ -199,18 +199,27 @@ def _replay(
     tx=None,
     merged_from: int | None = None,
     index_from: Snapshot | None = None,
+    index_new: dict[str, pa.Table | None] | None = None,
 ) -> int:
     """Commit ``changes`` on top of ``target_head`` as one snapshot on ``branch``.
 
     The key index becomes the union of the target's segments and those of
     ``index_from`` (which covers the files ``changes`` adds); entries of
     files not live afterwards are ignored by lookups and dropped by merges.
+    ``index_new`` maps files ``changes`` adds that ``index_from`` does not
+    cover (just written) to their key columns (None: read back) for indexing.
     """
     target_files = snapshot_files(ice, target_head)
     state = table._state(ice, target_head)
     writer = StateWriter(state, ice.io, table._platform_dir(ice))
     if index_from is not None:
         writer.add_index_segments(table._state(ice, index_from).index_segments)
+    if index_new:
+        from featurelake import index
+
+        live_after = (set(target_files) - set(changes.removed_files)) | set(changes.added_files)
+        known = {p: k for p, k in index_new.items() if k is not None}
+        index.extend(ice, writer, list(index_new), table.primary_key, live_after, known=known)
     dropped = {e.update_file for e in changes.removed_updates}
     for e in changes.removed_updates:
         writer.drop_where(e.data_file, lambda x, u=e.update_file: x.update_file == u)

@@ -75,3 +75,23 @@ def ancestors(meta: TableMetadata, snapshot: Snapshot | None) -> Iterator[Snapsh
         if snapshot.parent_snapshot_id is None:
             return
         snapshot = meta.snapshot_by_id(snapshot.parent_snapshot_id)
+
+
+SAME_EVENTS_AS = "featurelake.same-events-as"
+CONTENT_PRESERVING = frozenset({"compact", "index rebuild"})
+
+
+def same_events_props(head: Snapshot | None) -> dict[str, str]:
+    """Summary properties for a commit on ``head`` that rewrites files but not rows (compaction, index rebuild).
+
+    Names the snapshot whose rows it holds unchanged -- ``head``, or the one
+    ``head`` itself named -- so a sequence store build of that snapshot keeps
+    serving after snapshot expiry forgets the parent (expiry drops the parent
+    pointer of a snapshot whose parent it removes).
+    """
+    if head is None:
+        return {}
+    summary = head.summary
+    if summary is not None and summary.get("featurelake.operation") in CONTENT_PRESERVING and summary.get(SAME_EVENTS_AS):
+        return {SAME_EVENTS_AS: summary.get(SAME_EVENTS_AS)}
+    return {SAME_EVENTS_AS: str(head.snapshot_id)}

@@ -62,7 +62,7 @@ def gc_cmd(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would go; delete nothing.")] = False,
     json_flag: JsonFlag = False,
 ) -> None:
-    """Delete the files no retained snapshot of any branch or tag references, in every table."""
+    """Delete the files no retained snapshot of any branch or tag references, in every table, and dead sequence store builds."""
     age = _dt.timedelta(hours=older_than_hours) if older_than_hours is not None else parse_duration(older_than, "--older-than")
     lake = _opts(ctx).lake()
     with _progress("Collecting garbage" + (" (dry run)" if dry_run else "")):

@@ -110,12 +110,16 @@ def seq_lookup_cmd(
 
 @seq_app.command("stats")
 def seq_stats_cmd(ctx: typer.Context, table: TableArg, branch: BranchOpt = MAIN, json_flag: JsonFlag = False) -> None:
-    """Events, files and bytes of a sequence table, and its store builds."""
+    """Events, files and bytes of a sequence table, bytes per event by component, and its store builds."""
     stats = _opts(ctx).lake().sequence_table(table).store_stats(branch)
     if _wants_json(ctx, json_flag):
         return _emit_json(stats)
     out = _out()
-    _print_report(out, {k: v for k, v in stats.items() if k not in ("table", "branch", "builds")}, title=f"{table}@{branch}")
+    shown = {k: v for k, v in stats.items() if k not in ("table", "branch", "builds", "bytes", "bytes_per_event")}
+    _print_report(out, shown, title=f"{table}@{branch}")
+    per_event = stats["bytes_per_event"]
+    _print_rows(out, [{"component": k, "bytes": v, "bytes_per_event": per_event[k]} for k, v in stats["bytes"].items()],
+                ["component", "bytes", "bytes_per_event"], title="Bytes by component (branch head)")
     builds = stats["builds"]
     if builds:
         _print_rows(out, builds, list(builds[0]), title=f"Builds of {table} (oldest first)")

@@ -44,6 +44,11 @@ The package is split by concept; this ``__init__`` re-exports the public face:
   (``SequenceTable.build``).
 * :mod:`featurelake.sequences.buildinfo` -- build records (:class:`BuildInfo`), where
   a table's builds live and which ones are live (also used by garbage collection).
+* :mod:`featurelake.sequences.collect` -- garbage collection of store builds: the
+  dead ones (no retained snapshot is served from them), removed safely
+  (``lake.collect_garbage`` calls it).
+* :mod:`featurelake.sequences.branching` -- merging branches of an event table as
+  the union of the events both sides appended (``SequenceTable.merge``).
 * :mod:`featurelake.sequences.layout` -- column groups, codec planning and the
   per-user head and chunk records a build writes.
 * :mod:`featurelake.sequences.lookup` -- :class:`SequenceStore`: one build opened

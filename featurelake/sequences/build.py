@@ -125,7 +125,12 @@ def build_store(
         (tmp / "sst").mkdir(parents=True)
         extended = None
         if base is not None:
-            extended = _extend_build(st, ice, snap, layout, backend, base, new_files, tmp, threads)
+            try:
+                extended = _extend_build(st, ice, snap, layout, backend, base, new_files, tmp, threads)
+            except (OSError, CorruptFileError):
+                if Path(base.path, "build.json").exists():
+                    raise
+                extended = None  # garbage collection took the base meanwhile: build in full
             if extended is None:  # e.g. a dictionary outgrew the fixed codec: start over
                 base = None
                 shutil.rmtree(tmp / "sst", ignore_errors=True)
@@ -156,6 +161,7 @@ def build_store(
             incremental=base is not None,
             base_build=base.build_id if base is not None else None,
             seconds=round(_time.perf_counter() - t0, 3),
+            table_uuid=str(ice.metadata.table_uuid),
             **stats,
         )
         payload = dataclasses.asdict(info)

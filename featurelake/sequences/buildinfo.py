@@ -74,6 +74,7 @@ class BuildInfo:
     affected_users: int = 0
     seconds: float = 0.0
     tasks: int = 0  # parallel Ray tasks that wrote the sorted files (featurelake.ray); 0: built in-process
+    table_uuid: str = ""  # the Iceberg table's uuid: garbage collection never deletes another table's build
     format: int = BUILD_FORMAT
     path: str = ""
 
@@ -146,15 +147,12 @@ def list_builds(root: Path) -> list[BuildInfo]:
     return sorted(out, key=lambda b: (b.created_at, b.build_id))
 
 
-_CONTENT_PRESERVING = {"compact", "index rebuild"}
-
-
 def _keeps_events(snapshot: Any) -> bool:
     """Whether a snapshot only rewrote files (compaction, index rebuild, Iceberg 'replace')."""
     summary = snapshot.summary
     if summary is None:
         return False
-    if summary.get("featurelake.operation") in _CONTENT_PRESERVING:
+    if summary.get("featurelake.operation") in refs.CONTENT_PRESERVING:
         return True
     return summary.operation.value == "replace"
 
@@ -162,25 +160,41 @@ def _keeps_events(snapshot: Any) -> bool:
 def build_serving(meta: Any, snap: Any, all_builds: list[BuildInfo]) -> BuildInfo | None:
     """The newest build of ``snap``, or of the ancestor it shares its events with."""
     # A compaction or an index rebuild changes files, not events: a build of the snapshot
-    # before it still serves (so maintenance never takes the store away from training reads).
+    # before it still serves (so maintenance never takes the store away from training reads),
+    # also once that snapshot expired: the commit names it (refs.same_events_props).
+    def newest_of(snapshot_id: int) -> BuildInfo | None:
+        matching = [b for b in all_builds if b.snapshot_id == snapshot_id]
+        return matching[-1] if matching else None
+
     for candidate in refs.ancestors(meta, snap):
-        matching = [b for b in all_builds if b.snapshot_id == candidate.snapshot_id]
-        if matching:
-            return matching[-1]
+        found = newest_of(candidate.snapshot_id)
+        if found is not None:
+            return found
         if not _keeps_events(candidate):
             break
+        named = candidate.summary.get(refs.SAME_EVENTS_AS) if candidate.summary is not None else None
+        if named and meta.snapshot_by_id(int(named)) is None:  # expired: only its builds tell
+            return newest_of(int(named))
     return None
 
 
 def live_builds(meta: Any, all_builds: list[BuildInfo]) -> list[BuildInfo]:
-    """The builds a snapshot retained in ``meta`` may be served from; garbage collection keeps these.
+    """The builds a snapshot retained in ``meta`` (any branch or tag) may be served from; garbage collection keeps these.
 
-    That is every build of a snapshot still in the table's metadata, and the
-    build each retained snapshot resolves to (see :func:`build_serving`). Builds of
-    expired snapshots that no retained one needs are dead.
+    That is the build each retained snapshot resolves to (see :func:`build_serving`:
+    its own newest build, or the one of the ancestor it shares its events with),
+    and the newest build of each retained snapshot in every layout (a reader may
+    pin one by id, e.g. to compare column groups). Builds of expired snapshots
+    that no retained one needs, and older builds of a snapshot superseded by a
+    newer one in the same layout (``build(force=True)``), are dead.
     """
     retained = {s.snapshot_id for s in meta.snapshots}
-    live = {b.build_id: b for b in all_builds if b.snapshot_id in retained}
+    live: dict[str, BuildInfo] = {}
+    newest: dict[tuple, BuildInfo] = {}
+    for b in all_builds:  # oldest first: the last one of a (snapshot, layout) wins
+        if b.snapshot_id in retained:
+            newest[(b.snapshot_id, repr(b.layout()))] = b
+    live.update((b.build_id, b) for b in newest.values())
     for snap in meta.snapshots:
         found = build_serving(meta, snap, all_builds)
         if found is not None:

@@ -46,6 +46,7 @@ from featurelake.sequences.join import (  # noqa: F401  (public here as before)
 )
 from featurelake.sequences.lookup import DEFAULT_BATCH_KEYS, SequenceStore, _as_array
 from featurelake.sequences.store import READERS, KeyCodec
+from featurelake.guard import storage_errors
 from featurelake.table import MAIN, Table, _chunks
 
 if TYPE_CHECKING:
@@ -214,22 +215,35 @@ class SequenceTable(Table):
             yield chunk.append_column(eid, pa.array(np.arange(base, base + chunk.num_rows, dtype=np.int64)))
             base += chunk.num_rows
 
-    def _next_event_id(self, branch: str) -> int:
+    def _next_event_id(self, branch: str | None = None, ice=None) -> int:
+        """One above the largest event id any branch or tag head holds (table-wide, not per branch).
+
+        Allocating ids across the whole table keeps the events two branches
+        append after they fork apart, so merging them is a plain union
+        (:mod:`featurelake.sequences.branching`). ``branch`` must exist (checked).
+        Reads file statistics only, unless a file has none.
+        """
         from pyiceberg.conversions import from_bytes
 
-        ice = self.refresh()
-        head = refs.branch_head(ice.metadata, branch)
-        if head is None:
-            return 0
+        from featurelake.livefiles import snapshot_files
+
+        ice = ice or self.refresh()
+        if branch is not None:
+            refs.branch_head(ice.metadata, branch)  # an unknown branch: its clear error, before anything else
         field = ice.schema().find_field(self.event_id)
         top = -1
-        for task in ice.scan(snapshot_id=head.snapshot_id).plan_files():
-            upper = (task.file.upper_bounds or {}).get(field.field_id)
-            if upper is None:  # a file without statistics: read the ids
-                col = self.scan([self.event_id], snapshot_id=head.snapshot_id, ice=ice).to_table().column(0)
-                m = pc.max(col).as_py()
-                return 0 if m is None else int(m) + 1
-            top = max(top, int(from_bytes(field.field_type, upper)))
+        heads = {r.snapshot_id for r in ice.metadata.refs.values()}
+        for sid in sorted(heads):
+            snap = ice.metadata.snapshot_by_id(sid)
+            for path, f in snapshot_files(ice, snap).items():
+                upper = (f.upper_bounds or {}).get(field.field_id)
+                if upper is None:  # a file without statistics: read its ids
+                    from featurelake.index import read_key_columns
+
+                    m = pc.max(read_key_columns(ice, path, [self.event_id]).column(0)).as_py()
+                    top = max(top, -1 if m is None else int(m))
+                    continue
+                top = max(top, int(from_bytes(field.field_type, upper)))
         return top + 1
 
     # --------------------------------------------------------------- builds
@@ -260,29 +274,39 @@ class SequenceTable(Table):
         )
 
     def live_builds(self, ice=None) -> list[BuildInfo]:
-        """The builds a retained snapshot may be served from; garbage collection keeps these.
+        """The builds a retained snapshot of any branch or tag may be served from; garbage collection keeps these.
 
-        That is every build of a snapshot still in the table's metadata, and the
-        build each retained snapshot resolves to (see ``build_for``). Builds of
-        expired snapshots that no retained one needs are dead.
+        See :func:`featurelake.sequences.buildinfo.live_builds`. The others are
+        deleted by ``lake.collect_garbage()`` once older than its grace period
+        (this replaces the former ``prune_builds``).
         """
         return live_builds((ice or self.refresh()).metadata, self.builds())
 
     def drop_build(self, build_id: str) -> None:
-        """Delete one build (later builds keep their own links to shared files)."""
+        """Delete one build now, needed or not (later builds keep their own links to shared files).
+
+        ``lake.collect_garbage()`` deletes only builds no retained snapshot needs;
+        this is for a build known to be bad.
+        """
         info = self.build_for(build=build_id)
         READERS.drop(info.db_dir)
         shutil.rmtree(info.path, ignore_errors=True)
 
-    def prune_builds(self, keep_last: int = 2) -> list[str]:
-        """Delete all but the newest ``keep_last`` builds; returns the ids deleted."""
-        builds = self.builds()
-        doomed = builds[: max(0, len(builds) - max(keep_last, 0))]
-        for b in doomed:
-            self.drop_build(b.build_id)
-        return [b.build_id for b in doomed]
-
     build = build_store  # the offline build lives in featurelake.sequences.build
+
+    # ------------------------------------------------------------- branches
+    @storage_errors("merge")
+    def merge(self, source: str | int, into: str = MAIN) -> int:
+        """Merge a branch (or tag or snapshot) of events into ``into``: the union of the events both added.
+
+        Synthetic event ids never conflict (clashing ones are renumbered); the
+        caller's own event ids do: MergeConflictError names them, nothing is
+        written. See :mod:`featurelake.sequences.branching`. A build for the
+        merged head is made as for any snapshot: ``build(branch=into)``.
+        """
+        from featurelake.sequences.branching import merge_events
+
+        return merge_events(self, source, into)
 
     # ---------------------------------------------------------------- reads
     def open_store(self, branch: str = MAIN, snapshot_id: int | None = None, build: str | None = None) -> "SequenceStore":
@@ -341,10 +365,32 @@ class SequenceTable(Table):
         return SequenceView(store, key, time, cols, max_len, window, threads, batch_keys)
 
     def store_stats(self, branch: str = MAIN) -> dict[str, Any]:
-        """Table figures plus the builds and whether the branch head has one."""
+        """Table figures plus the builds, whether the branch head has one, and bytes per event by component.
+
+        Components of the branch head: ``event_data`` (the event table's data
+        files), ``updates`` (update files), ``key_index`` (index segments on the
+        event id) and ``store`` (the build serving the head, on disk, each
+        hard-linked file once); ``bytes_per_event`` divides each by the events.
+        """
+        from featurelake.sequences.collect import folder_bytes
+        from featurelake.storage import storage_of
+
         stats = self.stats(branch=branch)
         builds = self.builds()
         head = stats.get("snapshot_id")
+        ice = self._ice
+        snap = ice.metadata.snapshot_by_id(head) if head is not None else None
+        serving = build_serving(ice.metadata, snap, builds) if snap is not None else None
+        storage = storage_of(ice.io)
+        segments = self._state(ice, snap).index_segments if snap is not None else []
+        components = {
+            "event_data": int(stats.get("data_bytes") or 0),
+            "updates": int(stats.get("update_bytes") or 0),
+            "key_index": sum(storage.size(seg["path"]) for seg in segments),
+            "store": folder_bytes(serving.path) if serving is not None else 0,
+        }
+        components["total"] = sum(components.values())
+        events = stats.get("rows") or 0
         return {
             "table": self.name,
             "branch": branch,
@@ -355,6 +401,9 @@ class SequenceTable(Table):
             "data_files": stats.get("data_files"),
             "table_bytes": stats.get("bytes"),
             "head_built": any(b.snapshot_id == head for b in builds),
+            "serving_build": serving.build_id if serving is not None else None,
+            "bytes": components,
+            "bytes_per_event": {k: round(v / events, 2) if events else None for k, v in components.items()},
             "builds": [
                 {k: b.to_dict()[k] for k in ("build_id", "snapshot_id", "incremental", "users", "events", "chunks",
                                              "bytes", "store_bytes", "seconds", "created_at")}

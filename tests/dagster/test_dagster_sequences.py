@@ -189,7 +189,7 @@ def test_sequence_store_builds_and_joined_read_matches_oracle(lake_home, instanc
     st = lake.sequence_table(EVENTS_TABLE)
     assert md["mode"] in ("full", "incremental") and md["snapshot_id"] == str(st.stats()["snapshot_id"])
     assert md["events"] == _oracle_events(DAYS).num_rows
-    assert len(st.builds()) <= 3  # keep_builds
+    assert len(st.builds()) == 3  # nothing deleted by the asset: garbage collection frees dead builds
     _assert_joined_matches(lake, max_len=2, sample=150, seed=1)
 
 
@@ -216,17 +216,20 @@ def test_sequence_job_and_failures(lake_home, instance):
     assert res.success
     md = _metadata(res, "sequence_store")
     assert md["mode"] == "full" and md["column_groups"] == "item_id, event_type | dwell, tags"
-    # a full rebuild on request, then the old builds pruned down to keep_builds
+    # a full rebuild on request, three times: the asset keeps every build, garbage collection
+    # then deletes the superseded builds of the head (same layout), keeping the newest
     for _ in range(3):
         res = job.execute_in_process(
             instance=instance, resources=_resources(lake_home),
-            run_config={"ops": {"sequence_store": {"config": {"incremental": False, "force": True,
-                                                              "keep_builds": 2}}}},
+            run_config={"ops": {"sequence_store": {"config": {"incremental": False, "force": True}}}},
         )
     md = _metadata(res, "sequence_store")
-    assert md["mode"] == "full" and md["builds_pruned"] == 1
-    st = _resources(lake_home)["lake"].lake().sequence_table("ml.user_events")
-    assert len(st.builds()) == 2 and st.build_for().build_id == md["build_id"]
+    assert md["mode"] == "full" and md["builds"] == 4
+    lk = _resources(lake_home)["lake"].lake()
+    report = lk.collect_garbage(older_than=timedelta(0))
+    assert len(report.builds["ml.user_events"]) == 3 and md["build_id"] not in report.builds["ml.user_events"]
+    st = lk.sequence_table("ml.user_events")
+    assert [b.build_id for b in st.builds()] == [md["build_id"]] and st.build_for().build_id == md["build_id"]
 
 
 @pytest.mark.parametrize("index", [0, 3])
