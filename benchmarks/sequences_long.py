@@ -40,7 +40,7 @@ def long_histories(lake, cfg: Config, threads: int, start: _dt.date, hot: list[s
     sizes = long_sizes(cfg.quick)
     batch_users = min(u for _, u, _ in sizes)
     rows_per_user = 1  # several rows of one user in a batch share chunks, more so for short histories
-    n_batches = 10 if cfg.quick else 40
+    n_batches = 10 if cfg.quick else 120
     out: dict[str, Any] = {"batch_users": batch_users, "rows_per_user": rows_per_user, "batches": n_batches,
                            "max_len": max_len, "window_days": round(WINDOW / _dt.timedelta(days=1), 2), "threads": threads}
     stores = {}
