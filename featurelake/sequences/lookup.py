@@ -132,7 +132,7 @@ class SequenceStore:
         def work(p0: int) -> tuple[list[Any], int, int]:
             p1 = min(npairs, p0 + per_pairs)
             vals = self.reader.multi_get(keys[p0 * ng : p1 * ng])
-            if any(v is None for v in vals):
+            if None in vals:  # one C-level scan (no bytes value equals None)
                 raise CorruptFileError(
                     f"sequence store {self.info.db_dir} lacks a chunk its head lists (build {self.info.build_id})",
                     self.info.db_dir,
@@ -379,7 +379,7 @@ class _Heads:
             pu = np.repeat(deep, n_pages)
             pp = np.arange(len(pu)) - np.repeat(np.cumsum(n_pages) - n_pages, n_pages)
             vals = self.store.multi_get(self.store.codec.page_keys(self.users[pu], pp), self.threads, self.batch_keys)
-            if any(v is None for v in vals):
+            if None in vals:  # one C-level scan (no bytes value equals None)
                 info = self.store.info
                 raise CorruptFileError(f"sequence store {info.db_dir} lacks a head page (build {info.build_id})", info.db_dir)
             at = 0
@@ -414,7 +414,7 @@ class _Heads:
         codes, pinv = np.unique(q_user[deep].astype(np.int64) * (1 << 32) + page, return_inverse=True)
         pu, pp = codes >> 32, codes & 0xFFFFFFFF
         vals = self.store.multi_get(self.store.codec.page_keys(self.users[pu], pp), self.threads, self.batch_keys)
-        if any(v is None for v in vals):
+        if None in vals:  # one C-level scan (no bytes value equals None)
             info = self.store.info
             raise CorruptFileError(f"sequence store {info.db_dir} lacks a head page (build {info.build_id})", info.db_dir)
         self.stats["head_bytes"] += sum(map(len, vals))
