@@ -20,8 +20,9 @@ day-partitioned sample tables are). Side by side, in one run:
 3. **throughput**: ``t.batches(..., sequences={"hist": view})`` versus the same
    read without the join (rows/s, events/s); lookups/s versus the raw
    multi-get of the very keys the lookups fetched (the floor).
-4. **long histories**: lookups with the same max_len (256) against users with
-   2K versus 80K events each.
+4. **long histories**: lookups with the same max_len (256), and 1%-of-history
+   time-window lookups, against users with 2K, 80K and 800K events each
+   (:mod:`benchmarks.sequences_long`).
 5. **features** (:mod:`benchmarks.sequences_features`): an item-feature view
    (as of the row's time, 64-float embeddings) and the sequence view joined
    together, against each alone and the unjoined read.
@@ -47,6 +48,7 @@ import numpy as np
 import pyarrow as pa
 
 from benchmarks.common import Config, fmt_bytes, goal, print_goals, profile_call, ratio, work_dir, write_result
+from benchmarks.sequences_long import long_histories, long_sizes
 
 NAME = "sequences"
 DAYS = 60
@@ -62,14 +64,14 @@ REPEAT_RATE = 0.3      # share of a user's events revisiting one of their 32 fav
 GOAL_STORAGE = 8.0
 GOAL_BYTES = 2 / 3      # Meta: about a third less than whole histories
 GOAL_LONG = 1.5
+GOAL_FLOOR = 1.5        # issue 12: lookups within 1.5x of the raw multi-get floor
+GOAL_JOIN = 0.25        # issue 12: joined batches at >= 25% of the unjoined read's rows/s
 
 
 def sizes(cfg: Config) -> dict[str, int]:
     if cfg.quick:
-        return {"users": 150, "history": 600, "short_users": 100, "short": 2000, "long_users": 6, "long": 80_000,
-                "long_batch": 6, "long_batches": 15, "items": 500, "daily_users": 100, "daily_history": 300}
-    return {"users": 4000, "history": 800, "short_users": 2000, "short": 2000, "long_users": 100, "long": 80_000,
-            "long_batch": 100, "long_batches": 40, "items": 20_000, "daily_users": 4000, "daily_history": 800}
+        return {"users": 150, "history": 600, "items": 500, "daily_users": 100, "daily_history": 300}
+    return {"users": 4000, "history": 800, "items": 20_000, "daily_users": 4000, "daily_history": 800}
 
 
 # ------------------------------------------------------------------- data
@@ -194,7 +196,10 @@ def throughput(samples, view, cfg, repeat: int) -> dict[str, Any]:
             counts[name] = fn()
             best[name] = min(best[name], time.perf_counter() - t0)
     rows, events = counts["joined"]
+    floor_s = assembly_floor(samples, view, cols, repeat)
     return {
+        "assembly_floor_rows_per_s": round(rows / floor_s),
+        "assembly_floor_over_plain_throughput": ratio(best["plain"], floor_s),
         "rows": rows,
         "events_joined": events,
         "plain_s": round(best["plain"], 4),
@@ -204,6 +209,47 @@ def throughput(samples, view, cfg, repeat: int) -> dict[str, Any]:
         "joined_events_per_s": round(events / best["joined"]),
         "joined_over_plain_throughput": ratio(best["plain"], best["joined"]),
     }
+
+
+def assembly_floor(samples, view, cols: list[str], repeat: int) -> float:
+    """Seconds to assemble the joined lists alone: the same output built from arrays already in memory.
+
+    Per batch: gather every row's events (its list's length, contiguous, the
+    best case) from in-memory numpy columns, decode the string column's codes,
+    and build the list<struct> column -- no store, no decode, no selection.
+    No join that materializes the lists can run faster on this machine.
+    """
+    from featurelake.sequences.store import FixedCodec
+
+    batches = list(samples.batches(columns=cols, batch_size=BATCH, sequences={"hist": view}))
+    store = view.store
+    codecs = {c: store.codecs[store.group_of[c]] for c in view.columns}
+    prepared = []
+    for b in batches:
+        lst = b.column("hist")
+        total = len(lst.values)
+        pool = {}
+        for c in view.columns:
+            cd = codecs[c]
+            arr = lst.values.field(c)
+            if isinstance(cd, FixedCodec) and c in cd.dictionaries:
+                pool[c] = (pa.compute.index_in(arr, value_set=cd._dict_arrays[c]).fill_null(0).to_numpy().astype(np.uint16), cd)
+            else:
+                pool[c] = (arr.to_numpy(zero_copy_only=False), None)
+        prepared.append((lst.offsets, total, pool))
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for offsets, total, pool in prepared:
+            idx = np.arange(total, dtype=np.int64)
+            arrays = []
+            for c in view.columns:
+                vals, cd = pool[c]
+                got = vals.take(idx)
+                arrays.append(cd.to_arrow(c, got, None) if cd is not None else pa.array(got))
+            pa.ListArray.from_arrays(offsets, pa.StructArray.from_arrays(arrays, names=view.columns))
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def lookups_vs_floor(store, batches: list[pa.RecordBatch], threads: int, repeat: int, columns=HOT) -> dict[str, Any]:
@@ -232,64 +278,6 @@ def lookups_vs_floor(store, batches: list[pa.RecordBatch], threads: int, repeat:
         "lookup_over_floor_time": ratio(t_look, t_floor),
         "threads": threads,
     }
-
-
-def long_histories(lake, sz: dict[str, int], cfg: Config, threads: int) -> dict[str, Any]:
-    """Same max_len, 2K vs 80K events per user: per-lookup cost and bytes."""
-    from featurelake.synthetic import user_events, user_events_schema
-
-    out: dict[str, Any] = {}
-    stores = {}
-    for label, users, per in (("2k", sz["short_users"], sz["short"]), ("80k", sz["long_users"], sz["long"])):
-        st = lake.create_sequence_table(f"bench.events_{label}", user_events_schema(), key="user_id", time="ts")
-        t0 = time.perf_counter()
-        st.append(user_events(users, per, days=365, start=START, seed=cfg.seed + 3, batch_size=1 << 20,
-                              repeat_rate=REPEAT_RATE))
-        t_append = time.perf_counter() - t0
-        info = st.build(column_groups=GROUPS)
-        stores[label] = (st.open_store(), users)
-        out[label] = {"users": users, "events_per_user": per, "events": info.events, "append_s": round(t_append, 2),
-                      "build_s": info.seconds, "store_bytes": info.store_bytes, "layers": len(info.layers[0])}
-        print(f"  {label}: {info.events:,} events, build {info.seconds:.1f} s, store {fmt_bytes(info.store_bytes)}")
-    rng = np.random.default_rng(cfg.seed + 4)
-    day0 = np.datetime64(_dt.datetime.combine(START, _dt.time()), "us")
-    nb, bs = sz["long_batches"], sz["long_batch"]
-    plan = []
-    for _ in range(nb):
-        before = day0 + (60 * 86_400_000_000 + rng.integers(0, 305 * 86_400_000_000, bs)).astype("timedelta64[us]")
-        plan.append(pa.array(before, pa.timestamp("us")))
-    for label, (store, users) in stores.items():
-        batches = []
-        for before in plan:
-            keys = pa.array(rng.choice(users, size=bs, replace=False).astype(np.int64))
-            batches.append((keys, before))
-        for _, (keys, before) in zip(range(3), batches):  # warm the caches alike
-            store.lookup(keys, before, HOT, MAX_LEN, None, threads=threads)
-        best, best_latest, bytes_, events = float("inf"), float("inf"), 0, 0
-        for _ in range(cfg.repeat + 2):
-            t0 = time.perf_counter()
-            bytes_ = events = 0
-            for keys, before in batches:
-                store.lookup(keys, before, HOT, MAX_LEN, None, threads=threads)
-                bytes_ += store.last_stats["head_bytes"] + store.last_stats["chunk_bytes"]
-                events += store.last_stats["events"]
-            best = min(best, time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            for keys, _ in batches:
-                store.lookup(keys, None, HOT, MAX_LEN, None, threads=threads)
-            best_latest = min(best_latest, time.perf_counter() - t0)
-        n = nb * bs
-        out[label].update({
-            "lookups": n,
-            "us_per_lookup": round(best / n * 1e6, 2),
-            "us_per_lookup_latest": round(best_latest / n * 1e6, 2),
-            "bytes_per_lookup": round(bytes_ / n),
-            "events_per_lookup": round(events / n, 1),
-        })
-    out["cost_80k_over_2k"] = ratio(out["80k"]["us_per_lookup"], out["2k"]["us_per_lookup"])
-    out["cost_80k_over_2k_latest"] = ratio(out["80k"]["us_per_lookup_latest"], out["2k"]["us_per_lookup_latest"])
-    out["bytes_80k_over_2k"] = ratio(out["80k"]["bytes_per_lookup"], out["2k"]["bytes_per_lookup"])
-    return out
 
 
 def incremental_build(lake, sz: dict[str, int], cfg: Config, repeat: int) -> dict[str, Any]:
@@ -356,7 +344,7 @@ def run(cfg: Config) -> dict[str, Any]:
     threads = 4
     repeat = max(2, cfg.repeat)
     print(f"sequences: {sz['users']:,} users x {sz['history']} events, {ROWS_PER_USER} rows per user; "
-          f"long histories {sz['short_users']}x{sz['short']} vs {sz['long_users']}x{sz['long']}")
+          f"long histories {long_sizes(cfg.quick)} (label, users, events per user)")
     result: dict[str, Any] = {"description": __doc__.strip().splitlines()[0], "sizes": sz}
     with work_dir(NAME, cfg.keep) as wd:
         lake = Lake(wd / "lake")
@@ -444,9 +432,11 @@ def run(cfg: Config) -> dict[str, Any]:
               f"features only {fj['features_rows_per_s']:,}, plain {fj['plain_rows_per_s']:,} rows/s")
 
         # 4. long histories
-        result["long_histories"] = long_histories(lake, sz, cfg, threads)
+        result["long_histories"] = long_histories(lake, cfg, threads, START, HOT, GROUPS, MAX_LEN, REPEAT_RATE)
         lh = result["long_histories"]
-        print(f"  long histories: {lh['2k']['us_per_lookup']} us vs {lh['80k']['us_per_lookup']} us per lookup = {lh['cost_80k_over_2k']}x")
+        big, small = lh["largest"], lh["smallest"]
+        print(f"  long histories: {small} {lh[small]['us_per_lookup']} us vs {big} {lh[big]['us_per_lookup']} us per lookup "
+              f"= {lh['cost_largest_over_smallest']}x; 1% window {lh['cost_largest_over_smallest_window']}x")
 
         # 6. incremental build after one day of new events
         result["incremental_build"] = inc = incremental_build(lake, sz, cfg, repeat)
@@ -460,7 +450,15 @@ def run(cfg: Config) -> dict[str, Any]:
                  storage_result["denormalized_over_normalized"], GOAL_STORAGE),
             goal("bytes fetched per batch: ours / whole histories (Meta: ~0.67)", fetched["ours_over_whole"], GOAL_BYTES,
                  higher_is_better=False),
-            goal("lookup cost, same max_len: 80K / 2K events per user", lh["cost_80k_over_2k"], GOAL_LONG, higher_is_better=False),
+            goal(f"lookup cost, same max_len: {big} / {small} events per user", lh["cost_largest_over_smallest"], GOAL_LONG,
+                 higher_is_better=False),
+            goal(f"1%-window lookup cost (max_len 256): {big} / {small} events per user",
+                 lh["cost_largest_over_smallest_window"], GOAL_LONG, higher_is_better=False),
+            goal(f"lookup time / raw multi-get of the same keys ({threads} threads)",
+                 tp["lookups_vs_floor"]["lookup_over_floor_time"], GOAL_FLOOR, higher_is_better=False),
+            goal("lookup time / raw multi-get of the same keys (1 thread)",
+                 tp["lookups_vs_floor_one_thread"]["lookup_over_floor_time"], GOAL_FLOOR, higher_is_better=False),
+            goal("joined (256-event histories) / unjoined rows/s", tp["joined_over_plain_throughput"], GOAL_JOIN),
         ]
         result["goals"] = goals
         if cfg.profile:
@@ -476,7 +474,11 @@ def run(cfg: Config) -> dict[str, Any]:
             "bytes fetched count values returned by the store (heads + chunks) for 4096-row batches; the baseline "
             "fetches each unique user's whole history once per batch",
             f"throughput and lookups use {threads} threads and hot/cold column groups {GROUPS}; projection {HOT}",
-            "long histories: batches of distinct users, `before` uniform over days 60..365 of a one-year history",
+            "long histories: batches of 16 distinct users, one row each (own `before`, uniform over days 60..365 of a "
+            "one-year history); full size 2000 users x 2K, 100 x 80K, 16 x 800K events; window = 3.65 days (1% of the "
+            "history) capped at 256 events",
+            "feature_join: item features as of the row's time (1-8 versions per item, 64-float embedding taken to numpy "
+            "zero-copy per batch); sequences = the hot projection above; best of `repeat` interleaved reads",
             "incremental build: a separate table of daily_users x daily_history events over DAYS days; the base build "
             "holds the first DAYS-1 days; incremental and full builds of the head alternate (medians); bytes written "
             "are the build's new files (an incremental build hard-links the base's)",

@@ -338,7 +338,7 @@ def _extend_build(st: SequenceTable, ice, snap, layout: _Layout, backend: StoreB
     Returns None when the new events do not fit the base's codecs (a
     dictionary would grow past DICT_MAX): the caller builds from scratch.
     """
-    from featurelake.sequences.lookup import SequenceStore
+    from featurelake.sequences.lookup import DEFAULT_BATCH_KEYS, SequenceStore, _Heads
     from featurelake.sequences.store import _link_or_copy
 
     codec = KeyCodec.for_type(layout.key_type)
@@ -379,17 +379,17 @@ def _extend_build(st: SequenceTable, ice, snap, layout: _Layout, backend: StoreB
     key_vals = codec.values(new.column(layout.key).combine_chunks())
     times = _int_times(new.column(layout.time))
     users, first = np.unique(key_vals, return_index=True)   # first row of each user = its earliest new event
-    heads = store.multi_get(codec.head_keys(users), threads)
+    heads = _Heads(store, users, threads, DEFAULT_BATCH_KEYS, {})
+    first_times = heads.first_times()
     prefix: dict = {}
     pair_users: list = []
     pair_chunks: list[int] = []
     pair_counts: list[int] = []
     old_users = old_events = old_chunks = 0
-    for u, h, f in zip(users, heads, first):
-        if h is None:
+    for u, ft, n_old, f in zip(users, first_times, heads.n_events, first):
+        if ft is None:
             continue
-        arr = np.frombuffer(h, "<i8")
-        n_old, ft = int(arr[0]), arr[2:]
+        n_old = int(n_old)
         k0 = max(0, int(np.searchsorted(ft, times[f], side="right")) - 1)
         uk = u if codec.kind == "string" else int(u)
         prefix[uk] = (k0, ft[:k0].copy())

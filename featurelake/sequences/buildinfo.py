@@ -23,7 +23,8 @@ from featurelake.sequences.packed import PackedCodec
 from featurelake.sequences.store import codec_from_dict
 from featurelake.storage import storage_of
 
-BUILD_FORMAT = 1
+BUILD_FORMAT = 2          # 2: two-level heads for users with more than HEAD_FANOUT chunks
+READ_FORMATS = (1, 2)     # format 1 heads are format 2 heads of users that never needed a second level
 DEFAULT_THREADS = 4
 
 PROP_KEY = "featurelake.sequence.key"

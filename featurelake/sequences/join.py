@@ -13,6 +13,7 @@ from featurelake.errors import FeatureLakeError, SchemaMismatchError
 from featurelake.sequences.lookup import SequenceStore, _as_array, _window_int
 
 JOIN_SLICE_ROWS = 65_536
+JOIN_WORKERS = 2   # batches joined at once in the background (lookups release the GIL in RocksDB and numpy)
 
 
 class SequenceView:
@@ -101,11 +102,17 @@ def _slices(result: pa.Table) -> Iterator[pa.RecordBatch]:
 
 
 def join_sequences_batches(stream: Iterator[pa.RecordBatch], sequences: dict[str, Any], drop: Sequence[str] = (),
-                           prefetch: int = 1) -> Iterator[pa.RecordBatch]:
-    """Join each batch of ``stream``; the next batch is joined in the background while one is consumed."""
+                           prefetch: int | None = None) -> Iterator[pa.RecordBatch]:
+    """Join each batch of ``stream``, in order; the next batches are joined in the background while one is consumed.
+
+    ``JOIN_WORKERS`` batches are joined at once (``prefetch`` ahead, by
+    default as many): while batch N is consumed, the lookups of N+1... run.
+    """
+    workers = max(1, JOIN_WORKERS)
+    prefetch = workers if prefetch is None else max(1, prefetch)
     checked = False
     pending: list = []
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="featurelake-join")
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="featurelake-join")
 
     def finish(fut) -> pa.RecordBatch:
         out = fut.result()

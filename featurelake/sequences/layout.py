@@ -8,8 +8,18 @@ column), with which codec (fixed-size raw chunks where the types and the
 distinct string values allow, byte-planed ``packed`` chunks for groups of
 fixed-width and list<fixed-width> columns, Arrow IPC otherwise), and
 :func:`_encode_sorted` writes each user's events, sorted by time, as one
-head value (event count, last time, first time of every chunk) plus one
-value per (chunk, group). Both the full and the incremental build
+head value plus one value per (chunk, group).
+
+The head is two-level for long histories, so that a lookup reads O(1)
+bytes of it whatever the history's length. It holds the event count, the
+last event time and then either the first time of every chunk (a user with
+at most ``HEAD_FANOUT`` chunks) or the first time of every ``HEAD_FANOUT``-th
+chunk; in the second case page ``p`` (tag 2) holds the first times of
+chunks ``p*HEAD_FANOUT ...`` and a lookup fetches only the pages it needs.
+The reader tells the two apart by comparing the head's length with the
+chunk count the event count implies. At 800K events per user and 128 events
+per chunk a single-level head would be 50 KB; two-level, 800 bytes plus one
+512-byte page. Both the full and the incremental build
 (:mod:`featurelake.sequences.build`) write through it; the reader
 (:mod:`featurelake.sequences.lookup`) reads the same records back.
 """
@@ -24,7 +34,7 @@ import pyarrow.compute as pc
 
 from featurelake.errors import FeatureLakeError, SchemaMismatchError
 from featurelake.sequences.packed import PackedCodec
-from featurelake.sequences.store import DICT_MAX, FixedCodec, IpcCodec, KeyCodec, fixed_dtype, is_string
+from featurelake.sequences.store import DICT_MAX, HEAD_FANOUT, FixedCodec, IpcCodec, KeyCodec, fixed_dtype, is_string
 
 
 # ================================================================== layout
@@ -145,15 +155,22 @@ def _encode_sorted(
         ft = times[s:e:c][:count]
         if ft_prefix is not None and len(ft_prefix):
             ft = np.concatenate([ft_prefix, ft])
-        head = np.concatenate([[k0 * c + (e - s), times[e - 1]], ft]).astype("<i8").tobytes()
+        total = k0 + count
         p = codec.prefix(user)
-        writer.put(p + b"\x00", head)
+        # Keys must come in order: head (tag 0), chunks (tag 1), head pages (tag 2).
+        top = ft if total <= HEAD_FANOUT else ft[::HEAD_FANOUT]
+        writer.put(p + b"\x00", np.concatenate([[k0 * c + (e - s), times[e - 1]], top]).astype("<i8").tobytes())
         for j in range(count):
             off = s + j * c
             ln = min(c, e - off)
             ck = p + b"\x01" + (k0 + j).to_bytes(4, "big")
             for g, enc in enumerate(encoders):
                 writer.put(ck + bytes([g]), enc(off, ln))
+        if total > HEAD_FANOUT:
+            # pages before the one holding chunk k0 are unchanged (an incremental build's older layers keep them)
+            ft8 = ft.astype("<i8")
+            for pg in range(k0 // HEAD_FANOUT, -(-total // HEAD_FANOUT)):
+                writer.put(p + b"\x02" + pg.to_bytes(4, "big"), ft8[pg * HEAD_FANOUT : (pg + 1) * HEAD_FANOUT].tobytes())
         users += 1
         events += k0 * c + (e - s)
         chunks += k0 + count

@@ -3,7 +3,9 @@
 Why a module of its own: the read path is the hot one and has its own
 concerns. :class:`SequenceStore` opens one build (through its record,
 :class:`featurelake.sequences.build.BuildInfo`) and answers a batch of (key, before)
-lookups: it reads the heads of the batch's unique users, picks only the
+lookups: it reads the heads of the batch's unique users (and, for users
+with two-level heads, only the head pages the rows' ``before`` and window
+bounds fall in, in one more round: :class:`_Heads`), picks only the
 chunks that can hold the last ``max_len`` events before each row's time
 (inside ``window``), fetches them with batched multi-gets on a shared thread
 pool, decodes them per column group and cuts each row's list out of one
@@ -24,11 +26,13 @@ import numpy as np
 import pyarrow as pa
 
 from featurelake.errors import CorruptFileError, FeatureLakeError, SchemaMismatchError
-from featurelake.sequences.buildinfo import BUILD_FORMAT, DEFAULT_THREADS, BuildInfo, SequenceBuildError
+from featurelake.sequences.buildinfo import BUILD_FORMAT, DEFAULT_THREADS, READ_FORMATS, BuildInfo, SequenceBuildError
 from featurelake.sequences.layout import _int_times
-from featurelake.sequences.store import READERS, FixedCodec, KeyCodec, backend_from_dict
+from featurelake.sequences.store import HEAD_FANOUT, READERS, FixedCodec, KeyCodec, backend_from_dict
 
 DEFAULT_BATCH_KEYS = 512     # keys per multi-get call (RocksDB: 256-1024 beat bigger calls)
+PARALLEL_EVENTS = 1 << 16    # below this many events a lookup assembles its columns in the calling thread:
+                             # handing work to a pool thread costs more than it saves (GIL hand-over)
 
 
 # ================================================================== reading
@@ -36,7 +40,7 @@ class SequenceStore:
     """One build opened for reading: heads, chunk selection, parallel fetch, assembly."""
 
     def __init__(self, info: BuildInfo) -> None:
-        if info.format != BUILD_FORMAT:
+        if info.format not in READ_FORMATS:
             raise SequenceBuildError(
                 f"build {info.build_id} has store format {info.format}; this featurelake reads format {BUILD_FORMAT}: rebuild"
             )
@@ -58,6 +62,8 @@ class SequenceStore:
                 self.group_of[col] = g
         self.columns = list(info.columns) or [info.time] + [c for g in info.column_groups for c in g]
         self.last_stats: dict[str, int] = {}
+        self._fields: dict[str, pa.Field] = {}
+        self._types: dict[tuple, pa.DataType] = {}
         self.recorder: list[list[bytes]] | None = None  # set to a list to keep every key fetched (benchmarks)
 
     # ------------------------------------------------------------- plumbing
@@ -76,10 +82,17 @@ class SequenceStore:
         return list(columns)
 
     def output_type(self, columns: Sequence[str]) -> pa.DataType:
-        return pa.list_(pa.struct([self._field(c) for c in columns]))
+        key = tuple(columns)
+        t = self._types.get(key)
+        if t is None:
+            t = self._types[key] = pa.list_(pa.struct([self._field(c) for c in columns]))
+        return t
 
     def _field(self, col: str) -> pa.Field:
-        return self.schemas[self.group_of[col]].field(col)
+        f = self._fields.get(col)
+        if f is None:
+            f = self._fields[col] = self.schemas[self.group_of[col]].field(col)
+        return f
 
     def multi_get(self, keys: list[bytes], threads: int = 1, batch: int = DEFAULT_BATCH_KEYS) -> list[bytes | None]:
         """Raw batched point reads, split into calls of ``batch`` keys over ``threads`` threads."""
@@ -119,7 +132,7 @@ class SequenceStore:
         def work(p0: int) -> tuple[list[Any], int, int]:
             p1 = min(npairs, p0 + per_pairs)
             vals = self.reader.multi_get(keys[p0 * ng : p1 * ng])
-            if any(v is None for v in vals):
+            if None in vals:  # one C-level scan (no bytes value equals None)
                 raise CorruptFileError(
                     f"sequence store {self.info.db_dir} lacks a chunk its head lists (build {self.info.build_id})",
                     self.info.db_dir,
@@ -206,7 +219,7 @@ class SequenceStore:
                 return fetched[g].column(col).take(idx).combine_chunks()
 
             # gathers release the GIL: columns are assembled side by side
-            if threads > 1 and len(columns) > 1:
+            if threads > 1 and len(columns) > 1 and total >= PARALLEL_EVENTS:
                 arrays = list(_pool(threads).map(column, columns))
             else:
                 arrays = [column(col) for col in columns]
@@ -218,43 +231,28 @@ class SequenceStore:
     def _select(self, keys, rows, b, w, max_len, columns, threads, batch_keys, stats):
         """Per valid row: [lo, hi) into the pairs' events back to back, the offset of fixed-codec slots, and the data."""
         c = self.chunk_events
-        kv = self.codec.values(keys.take(pa.array(rows)))
+        kv = self.codec.values(keys if len(rows) == len(keys) else keys.take(pa.array(rows)))
         users, inv = np.unique(kv, return_inverse=True)
         inv = inv.reshape(-1)
         stats["users"] = len(users)
-        heads = self.multi_get(self.codec.head_keys(users), threads, batch_keys)
-        lens = np.fromiter((len(h) // 8 if h else 0 for h in heads), np.int64, len(heads))
-        stats["head_bytes"] = int(lens.sum()) * 8
-        buf = np.frombuffer(b"".join(h for h in heads if h), "<i8")
-        hstart = np.zeros(len(users) + 1, np.int64)
-        np.cumsum(lens, out=hstart[1:])
-        present = lens > 0
-        n_chunks = np.where(present, lens - 2, 0)
-        n_events = np.zeros(len(users), np.int64)
-        n_events[present] = buf[hstart[:-1][present]]
-        ft_start = np.zeros(len(users) + 1, np.int64)
-        np.cumsum(n_chunks, out=ft_start[1:])
-        if len(buf):
-            header = np.zeros(len(buf), bool)
-            header[hstart[:-1][present]] = True
-            header[hstart[:-1][present] + 1] = True
-            ft_pool = buf[~header]
-        else:
-            ft_pool = np.empty(0, np.int64)
+        heads = _Heads(self, users, threads, batch_keys, stats)
+        n_events = heads.n_events
 
         # which chunks each row needs: up to the last chunk starting before `before`,
         # back far enough for max_len events, not before the window
         br = b[rows] if b is not None else None
+        c_win = None
         if br is None:
-            c_hi = n_chunks[inv] - 1
-        else:
-            c_hi = _seg_search(ft_pool, ft_start, inv, br) - ft_start[inv] - 1
+            c_hi = heads.n_chunks[inv] - 1
+        elif w is None:
+            c_hi = heads.chunk_before(inv, br)
+        else:  # both bounds in one search: one round trip for the head pages they need
+            both = heads.chunk_before(np.concatenate([inv, inv]), np.concatenate([br, br - w]))
+            c_hi, c_win = both[: len(inv)], both[len(inv) :]
         c_lo = np.zeros(len(rows), np.int64)
         if max_len is not None:
             c_lo = np.maximum(0, (c_hi * c + 1 - int(max_len)) // c)
-        c_win = None
-        if w is not None:
-            c_win = _seg_search(ft_pool, ft_start, inv, br - w) - ft_start[inv] - 1
+        if c_win is not None:
             c_lo = np.maximum(c_lo, c_win)
         m = np.maximum(c_hi - c_lo + 1, 0)
         if max_len == 0:
@@ -330,6 +328,103 @@ class SequenceStore:
         slots = np.repeat(np.arange(len(counts), dtype=np.int64) * c - pool_off[:-1], counts) + np.arange(len(tp))
         grid[slots] = tp
         return grid.reshape(-1, c)
+
+
+MATRIX_CELLS = 1 << 22   # top levels searched as one padded matrix up to this many cells
+_NO_TIME = np.iinfo(np.int64).max  # padding: never below a bound
+_PAD = np.full(HEAD_FANOUT, _NO_TIME, "<i8").tobytes()
+
+
+class _Heads:
+    """The heads of a batch's unique users, and the search for a chunk by time over one or two levels.
+
+    A head holds (event count, last time, first times); when it lists fewer
+    first times than the user has chunks it is two-level and lists the first
+    time of every ``HEAD_FANOUT``-th chunk, the pages holding the rest (see
+    :mod:`featurelake.sequences.layout`). Pages are fetched only for the
+    (user, page) pairs a search lands in, in one multi-get.
+    """
+
+    def __init__(self, store: "SequenceStore", users: np.ndarray, threads: int, batch_keys: int, stats: dict) -> None:
+        self.store, self.users, self.threads, self.batch_keys, self.stats = store, users, threads, batch_keys, stats
+        c = store.chunk_events
+        raw = store.multi_get(store.codec.head_keys(users), threads, batch_keys)
+        lens = np.fromiter((len(h) >> 3 if h else 0 for h in raw), np.int64, len(raw))
+        stats["head_bytes"] = int(lens.sum()) * 8
+        buf = np.frombuffer(b"".join(h for h in raw if h), "<i8")
+        hstart = np.zeros(len(users) + 1, np.int64)
+        np.cumsum(lens, out=hstart[1:])
+        present = lens > 0
+        self.n_events = np.zeros(len(users), np.int64)
+        self.n_events[present] = buf[hstart[:-1][present]]
+        self.n_chunks = -(-self.n_events // c)
+        listed = np.where(present, lens - 2, 0)
+        self.two_level = listed < self.n_chunks
+        self.top_start = np.zeros(len(users) + 1, np.int64)
+        np.cumsum(listed, out=self.top_start[1:])
+        if len(buf):
+            header = np.zeros(len(buf), bool)
+            header[hstart[:-1][present]] = True
+            header[hstart[:-1][present] + 1] = True
+            self.top = buf[~header]
+        else:
+            self.top = np.empty(0, np.int64)
+
+    def first_times(self) -> list[np.ndarray | None]:
+        """Per user: the first time of every chunk (all pages read), None for users without a head."""
+        deep = np.flatnonzero(self.two_level)
+        pages: dict[int, np.ndarray] = {}
+        if len(deep):
+            n_pages = -(-self.n_chunks[deep] // HEAD_FANOUT)
+            pu = np.repeat(deep, n_pages)
+            pp = np.arange(len(pu)) - np.repeat(np.cumsum(n_pages) - n_pages, n_pages)
+            vals = self.store.multi_get(self.store.codec.page_keys(self.users[pu], pp), self.threads, self.batch_keys)
+            if None in vals:  # one C-level scan (no bytes value equals None)
+                info = self.store.info
+                raise CorruptFileError(f"sequence store {info.db_dir} lacks a head page (build {info.build_id})", info.db_dir)
+            at = 0
+            for u, k in zip(deep, n_pages):
+                pages[int(u)] = np.frombuffer(b"".join(vals[at : at + k]), "<i8")
+                at += k
+        out: list[np.ndarray | None] = []
+        for i in range(len(self.users)):
+            if self.n_events[i] == 0:
+                out.append(None)
+            else:
+                out.append(pages[i] if i in pages else self.top[self.top_start[i] : self.top_start[i + 1]])
+        return out
+
+    def chunk_before(self, q_user: np.ndarray, q: np.ndarray) -> np.ndarray:
+        """Per query: the last chunk of user ``q_user[i]`` whose first time is < ``q[i]`` (-1: none)."""
+        listed = np.diff(self.top_start)
+        width = int(listed.max()) if len(listed) else 0
+        if width and len(listed) * width <= MATRIX_CELLS:
+            # few numpy calls for small batches: the top levels as one padded matrix, counted row-wise
+            grid = np.full((len(listed), width), _NO_TIME, np.int64)
+            grid[np.repeat(np.arange(len(listed)), listed), np.arange(len(self.top)) - np.repeat(self.top_start[:-1], listed)] = self.top
+            j = (grid[q_user] < q[:, None]).sum(axis=1)
+        else:
+            j = _seg_search(self.top, self.top_start, q_user, q) - self.top_start[q_user]
+        out = j - 1
+        deep = np.flatnonzero(self.two_level[q_user] & (j > 0))
+        if not len(deep):
+            return out
+        f = HEAD_FANOUT
+        page = j[deep] - 1
+        codes, pinv = np.unique(q_user[deep].astype(np.int64) * (1 << 32) + page, return_inverse=True)
+        pu, pp = codes >> 32, codes & 0xFFFFFFFF
+        vals = self.store.multi_get(self.store.codec.page_keys(self.users[pu], pp), self.threads, self.batch_keys)
+        if None in vals:  # one C-level scan (no bytes value equals None)
+            info = self.store.info
+            raise CorruptFileError(f"sequence store {info.db_dir} lacks a head page (build {info.build_id})", info.db_dir)
+        self.stats["head_bytes"] += sum(map(len, vals))
+        # every page but a user's last holds HEAD_FANOUT times: pad the last, count row-wise
+        full = 8 * f
+        grid = np.frombuffer(b"".join(v if len(v) == full else v + _PAD[len(v) :] for v in vals), "<i8").reshape(-1, f)
+        pinv = pinv.reshape(-1)
+        k = (grid[pinv] < q[deep][:, None]).sum(axis=1)  # >= 1: the page's first time is < q
+        out[deep] = page * f + k - 1
+        return out
 
 
 def _count_below(times: np.ndarray, counts: np.ndarray, pairs: np.ndarray, bound: np.ndarray) -> np.ndarray:

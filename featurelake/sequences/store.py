@@ -48,10 +48,13 @@ from featurelake.errors import CorruptFileError, FeatureLakeError
 
 HEAD_TAG = 0x00
 CHUNK_TAG = 0x01
+PAGE_TAG = 0x02   # head pages of a two-level head (see featurelake.sequences.layout)
+HEAD_FANOUT = 64  # chunks per head page: a user with more chunks gets a two-level head
 INT_PREFIX = 8
 _SIGN = np.uint64(1 << 63)
 _CHUNK_KEY = np.dtype([("u", ">u8"), ("t", "u1"), ("c", ">u4"), ("g", "u1")])
 _HEAD_KEY = np.dtype([("u", ">u8"), ("t", "u1")])
+_PAGE_KEY = np.dtype([("u", ">u8"), ("t", "u1"), ("p", ">u4")])
 
 
 # --------------------------------------------------------------------- keys
@@ -101,6 +104,16 @@ class KeyCodec:
             return _split(arr.tobytes(), _HEAD_KEY.itemsize)
         return [self.prefix(u) + b"\x00" for u in users]
 
+    def page_keys(self, users: np.ndarray, pages: np.ndarray) -> list[bytes]:
+        """Keys of (user, head page) pairs."""
+        if self.kind == "int":
+            arr = np.empty(len(users), dtype=_PAGE_KEY)
+            arr["u"] = users.astype(np.int64).view(np.uint64) ^ _SIGN
+            arr["t"] = PAGE_TAG
+            arr["p"] = pages.astype(np.uint32)
+            return _split(arr.tobytes(), _PAGE_KEY.itemsize)
+        return [self.page_key(u, int(p)) for u, p in zip(users, pages)]
+
     def chunk_keys(self, users: np.ndarray, chunks: np.ndarray, groups: Sequence[int]) -> list[bytes]:
         """Keys of (user, chunk) pairs for each group, group varying fastest."""
         g = len(groups)
@@ -119,6 +132,9 @@ class KeyCodec:
 
     def head_key(self, user) -> bytes:
         return self.prefix(user) + b"\x00"
+
+    def page_key(self, user, page: int) -> bytes:
+        return self.prefix(user) + bytes([PAGE_TAG]) + int(page).to_bytes(4, "big")
 
     def chunk_key(self, user, chunk: int, group: int) -> bytes:
         return self.prefix(user) + b"\x01" + int(chunk).to_bytes(4, "big") + bytes([group])
@@ -592,14 +608,19 @@ class FixedCodec:
         return out
 
     def to_arrow(self, name: str, vals: np.ndarray, valid: np.ndarray | None) -> pa.Array:
+        """One column from decoded values (zero-copy for fixed-width types) and validity flags."""
         f = self.schema.field(name)
-        mask = None if valid is None else ~valid
+        n = len(vals)
+        bitmap = None
+        if valid is not None and not valid.all():
+            bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
         if name in self.dictionaries:
-            return self._dict_arrays[name].take(pa.array(vals, mask=mask))
+            codes = pa.Array.from_buffers(pa.uint16(), n, [bitmap, pa.py_buffer(np.ascontiguousarray(vals))])
+            return self._dict_arrays[name].take(codes)
         if pa.types.is_boolean(f.type):
-            return pa.array(vals.view(np.bool_), mask=mask)
-        arr = pa.array(vals, mask=mask)
-        return arr if arr.type.equals(f.type) else arr.view(f.type)
+            data = np.packbits(vals.view(np.bool_), bitorder="little")
+            return pa.Array.from_buffers(pa.bool_(), n, [bitmap, pa.py_buffer(data)])
+        return pa.Array.from_buffers(f.type, n, [bitmap, pa.py_buffer(np.ascontiguousarray(vals))])
 
     def decode(self, values: list[bytes], counts: np.ndarray, chunk_events: int) -> pa.Table:
         cols = self.decode_padded(values, self.schema.names)
