@@ -570,6 +570,7 @@ def demo_maintenance(lake, context: dict, *, branches: Sequence[str] = ("main",)
             "files": int(gc.get("files", 0)),
             "bytes": int(gc.get("bytes", 0)),
             "kept_young": int(gc.get("kept_young", 0)),
+            "store_builds": int(gc.get("store_builds", 0)),  # superseded sequence-store builds
         },
         "gc_after_expiry": {  # snapshot_expiry, dry run: expire all but branch heads, then GC
             "snapshots_expired": int(expiry.get("snapshots_expired", 0)),
