@@ -260,24 +260,44 @@ def _heads(ice: IcebergTable, source: str | int, into: str) -> tuple[Snapshot, S
     return src, tgt, base
 
 
+@dataclass
+class MergeStart:
+    """Where a merge stands after the steps every merge shares (:func:`start_merge`)."""
+
+    head: int | None  # the target's head when nothing is left to replay (already merged, or fast-forwarded)
+    src: Any = None   # the source's head snapshot
+    tgt: Any = None   # the target's head snapshot
+    changes: ChangeSet | None = None  # what the source changed since the fork
+
+
+def start_merge(table: "Table", ice: IcebergTable, source: str | int, into: str) -> MergeStart:
+    """The steps every merge shares: find the fork, fast-forward or stop when there is nothing to
+    replay, and refuse (MergeConflictError, nothing written) when both sides changed the same thing."""
+    src, tgt, base = _heads(ice, source, into)
+    if base.snapshot_id == src.snapshot_id:
+        return MergeStart(tgt.snapshot_id)  # already merged
+    if base.snapshot_id == tgt.snapshot_id:
+        commit_refs(ice, lambda ms: ms.create_branch(src.snapshot_id, into))  # fast-forward
+        return MergeStart(src.snapshot_id)
+    src_changes = change_set(table, ice, base, src)
+    tgt_changes = change_set(table, ice, base, tgt)
+    src_schema = ice.metadata.schema_by_id(src.schema_id) if src.schema_id is not None else ice.metadata.schema()
+    conflicts = find_conflicts(ice, src_changes, tgt_changes, src_schema or ice.metadata.schema())
+    if conflicts:
+        _raise_conflicts(str(source), into, conflicts)
+    return MergeStart(None, src, tgt, src_changes)
+
+
 def merge(table: "Table", source: str | int, into: str = refs.MAIN) -> int:
     """Merge ``source`` into branch ``into``; returns the target's new head snapshot id."""
 
     def attempt(ice: IcebergTable) -> int:
-        src, tgt, base = _heads(ice, source, into)
-        if base.snapshot_id == src.snapshot_id:
-            return tgt.snapshot_id  # already merged
-        if base.snapshot_id == tgt.snapshot_id:
-            commit_refs(ice, lambda ms: ms.create_branch(src.snapshot_id, into))  # fast-forward
-            return src.snapshot_id
-        src_changes = change_set(table, ice, base, src)
-        tgt_changes = change_set(table, ice, base, tgt)
-        src_schema = ice.metadata.schema_by_id(src.schema_id) if src.schema_id is not None else ice.metadata.schema()
-        conflicts = find_conflicts(ice, src_changes, tgt_changes, src_schema or ice.metadata.schema())
-        if conflicts:
-            _raise_conflicts(str(source), into, conflicts)
-        _refuse_duplicate_keys(table, ice, tgt, src_changes, str(source), into)
-        return _replay(table, ice, tgt, src_changes, into, f"merge {source}", merged_from=src.snapshot_id, index_from=src)
+        start = start_merge(table, ice, source, into)
+        if start.head is not None:
+            return start.head
+        src, tgt = start.src, start.tgt
+        _refuse_duplicate_keys(table, ice, tgt, start.changes, str(source), into)
+        return _replay(table, ice, tgt, start.changes, into, f"merge {source}", merged_from=src.snapshot_id, index_from=src)
 
     return optimistic(table.refresh, attempt, f"merge {source} into {table.name}@{into}")
 

@@ -33,9 +33,9 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table as IcebergTable
 
 from featurelake import refs
-from featurelake.commit import cleanup_on_failure, commit_refs, optimistic
+from featurelake.commit import cleanup_on_failure, optimistic
 from featurelake.errors import MergeConflictError
-from featurelake.merge import ChangeSet, _heads, _raise_conflicts, _replay, change_set, find_conflicts, snapshot_files
+from featurelake.merge import ChangeSet, _replay, snapshot_files, start_merge
 
 if TYPE_CHECKING:
     from featurelake.sequences.table import SequenceTable
@@ -121,18 +121,10 @@ def merge_events(st: "SequenceTable", source: str | int, into: str = refs.MAIN) 
     landed: list[int] = []
 
     def attempt(ice: IcebergTable) -> int:
-        src, tgt, base = _heads(ice, source, into)
-        if base.snapshot_id == src.snapshot_id:
-            return tgt.snapshot_id  # already merged
-        if base.snapshot_id == tgt.snapshot_id:
-            commit_refs(ice, lambda ms: ms.create_branch(src.snapshot_id, into))  # fast-forward
-            return src.snapshot_id
-        src_changes = change_set(st, ice, base, src)
-        tgt_changes = change_set(st, ice, base, tgt)
-        src_schema = ice.metadata.schema_by_id(src.schema_id) if src.schema_id is not None else ice.metadata.schema()
-        conflicts = find_conflicts(ice, src_changes, tgt_changes, src_schema or ice.metadata.schema())
-        if conflicts:
-            _raise_conflicts(str(source), into, conflicts)
+        start = start_merge(st, ice, source, into)
+        if start.head is not None:
+            return start.head
+        src, tgt, src_changes = start.src, start.tgt, start.changes
         target_files = snapshot_files(ice, tgt)
         target_files = {p: f for p, f in target_files.items() if p not in src_changes.removed_files}
         added = {p: f for p, f in src_changes.added_files.items() if p not in target_files}

@@ -24,14 +24,20 @@ features; in a stream each kind runs one batch ahead in its own thread.
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from featurelake.errors import FeatureLakeError, SchemaMismatchError
-from featurelake.sequences.join import JOIN_SLICE_ROWS, SequenceView, columns_for_join, join_sequences, join_sequences_batches
+from featurelake.sequences.join import (
+    JOIN_SLICE_ROWS,
+    SequenceView,
+    columns_for_join,
+    join_sequences,
+    join_sequences_batches,
+    pipelined,
+)
 from featurelake.sequences.lookup import SequenceStore, _as_array
 
 
@@ -175,28 +181,6 @@ def join_features(result: pa.Table, features: dict[str, Any], drop: Sequence[str
     return out.drop_columns(list(drop)) if drop else out
 
 
-def _pipelined(stream: Iterator[Any], fn: Callable[[Any], Any], drop: Sequence[str], prefetch: int = 1) -> Iterator[Any]:
-    """``fn`` over ``stream`` in a background thread, ``prefetch`` items ahead, order kept."""
-    pending: list = []
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="featurelake-features")
-
-    def finish(fut):
-        out = fut.result()
-        return out.drop_columns(list(drop)) if drop else out
-
-    try:
-        for item in stream:
-            pending.append(pool.submit(fn, item))
-            if len(pending) > prefetch:
-                yield finish(pending.pop(0))
-        while pending:
-            yield finish(pending.pop(0))
-    finally:
-        for fut in pending:
-            fut.cancel()
-        pool.shutdown(wait=True)
-
-
 def join_features_batches(stream: Iterator[pa.RecordBatch], features: dict[str, Any], drop: Sequence[str] = (),
                           prefetch: int = 1) -> Iterator[pa.RecordBatch]:
     """Join each batch of ``stream``; the next batch is joined in the background while one is consumed."""
@@ -208,7 +192,7 @@ def join_features_batches(stream: Iterator[pa.RecordBatch], features: dict[str, 
                 first = False
             yield batch
 
-    return _pipelined(checked(), lambda b: _join_features_one(b, features), drop, prefetch)
+    return pipelined(checked(), lambda b: _join_features_one(b, features), drop, prefetch, name="featurelake-features")
 
 
 def plan_joins(columns: Sequence[str] | None, sequences: dict[str, Any] | None,

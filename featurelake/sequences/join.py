@@ -5,7 +5,7 @@ A :class:`SequenceView` (from ``SequenceTable.view()``) pairs a store build with
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import pyarrow as pa
 
@@ -110,20 +110,33 @@ def join_sequences_batches(stream: Iterator[pa.RecordBatch], sequences: dict[str
     """
     workers = max(1, JOIN_WORKERS)
     prefetch = workers if prefetch is None else max(1, prefetch)
-    checked = False
-    pending: list = []
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="featurelake-join")
 
-    def finish(fut) -> pa.RecordBatch:
+    def checked(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for n, batch in enumerate(batches):
+            if n == 0:
+                _check_views(sequences, batch.schema.names)
+            yield batch
+
+    yield from pipelined(checked(stream), lambda b: _join_one(b, sequences), drop, prefetch, workers, "featurelake-join")
+
+
+def pipelined(stream: Iterator[Any], fn: Callable[[Any], Any], drop: Sequence[str] = (), prefetch: int = 1,
+              workers: int = 1, name: str = "featurelake-pipeline") -> Iterator[Any]:
+    """``fn`` over ``stream`` in ``workers`` background threads, ``prefetch`` items ahead, order kept.
+
+    Each result loses the ``drop`` columns. The pool is shut down (pending
+    work cancelled) when the consumer stops early.
+    """
+    pending: list = []
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
+
+    def finish(fut):
         out = fut.result()
         return out.drop_columns(list(drop)) if drop else out
 
     try:
-        for batch in stream:
-            if not checked:
-                _check_views(sequences, batch.schema.names)
-                checked = True
-            pending.append(pool.submit(_join_one, batch, sequences))
+        for item in stream:
+            pending.append(pool.submit(fn, item))
             if len(pending) > prefetch:
                 yield finish(pending.pop(0))
         while pending:
