@@ -13,6 +13,8 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from backends import both_backends
@@ -42,6 +44,8 @@ def test_tiered_lookups_match_the_oracle_and_the_untiered_build(backend):
     assert cold.tier_after == 2 and cold.cold_segments and cold.cold_bytes > 0
     assert cold.store_bytes < hot.store_bytes / 2   # most chunks left the local store
     assert _names(backend, cold) <= _cold_files(backend)
+    seg = pq.read_table(pa.BufferReader(backend.read_bytes(cold.cold_segments[0]["path"])))
+    assert seg.num_rows == 1 and seg.column_names == ["values"]   # a real Parquet file (the store's policy)
     if backend.name == "s3":
         assert all(s["path"].startswith("s3://") for s in cold.cold_segments)
     stored = st.read()
@@ -108,8 +112,7 @@ def test_second_lookup_reads_nothing_remote(seaweed, tmp_path):
     assert again.to_pylist() == got.to_pylist()
     assert second["GET"] + second["GET_RANGE"] == 0 and cache.fetches == fetched
     # a fresh process would find the blocks on the local disk cache: drop the memory layer only
-    cache._mem.clear()
-    cache._mem_size = 0
+    cache.drop_memory()
     with seaweed.counting() as third:
         assert st.lookup(keys, before=befores, columns=ALL, max_len=60).to_pylist() == got.to_pylist()
     assert third["GET"] + third["GET_RANGE"] == 0 and cache.fetches == fetched
@@ -166,14 +169,13 @@ def test_missing_or_damaged_cold_segment_is_a_clear_error(backend):
 
         shutil.rmtree(cache, ignore_errors=True)
         for c in _CACHES.values():
-            c._mem.clear()
-            c._mem_size = 0
+            c.clear()
 
     forget()
     damaged = bytearray(data)
-    damaged[base + 10 : base + 20] = bytes(10)
+    damaged[base + 10 : base + 20] = bytes(10)   # inside the first zstd frame
     backend.overwrite(seg, bytes(damaged))
-    with pytest.raises(CorruptFileError, match="damaged"):
+    with pytest.raises(CorruptFileError, match="cold segment .* is damaged"):
         st.lookup(keys, columns=ALL)
     forget()
     backend.remove(seg)

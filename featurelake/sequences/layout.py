@@ -176,7 +176,8 @@ def _encode_sorted(
             cn = (k0 + j).to_bytes(4, "big")
             if k0 + j < first_hot:
                 for g, enc in enumerate(encoders):
-                    pointers.append((cn + bytes([g]), cold.add(enc(off, ln))))
+                    cold.add(enc(off, ln))
+                    pointers.append(cn + bytes([g]))
                 continue
             ck = p + b"\x01" + cn
             for g, enc in enumerate(encoders):
@@ -186,8 +187,9 @@ def _encode_sorted(
             ft8 = ft.astype("<i8")
             for pg in range(k0 // HEAD_FANOUT, -(-total // HEAD_FANOUT)):
                 writer.put(p + b"\x02" + pg.to_bytes(4, "big"), ft8[pg * HEAD_FANOUT : (pg + 1) * HEAD_FANOUT].tobytes())
-        for tail, ptr in pointers:  # tag 3 sorts after the pages
-            writer.put(p + b"\x03" + tail, ptr)
+        if pointers:  # tag 3 sorts after the pages
+            for tail, ptr in zip(pointers, cold.end_user()):
+                writer.put(p + b"\x03" + tail, ptr)
         users += 1
         events += k0 * c + (e - s)
         chunks += k0 + count

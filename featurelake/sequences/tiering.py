@@ -59,7 +59,12 @@ BLOCK_BYTES = 64 << 10            # cache and fetch unit
 GAP_BLOCKS = 2                    # missing blocks this close are fetched in one ranged read
 MEMORY_CACHE_BYTES = 64 << 20     # in-process block LRU
 DISK_CACHE_BYTES = int(os.environ.get("FEATURELAKE_COLD_CACHE_BYTES", 2 << 30))  # local disk cache bound
-_PTR = struct.Struct("<IQII")     # segment number, offset in its value bytes, length, crc32 of the value
+FRAME_BYTES = 32 << 10            # values compressed together (zstd), at most one user's
+FRAME_LEVEL = 3
+FRAME_MEMORY_BYTES = 32 << 20     # in-process LRU of decompressed frames
+# segment number, frame offset in the segment's values, frame bytes, frame raw bytes, value offset in the raw frame,
+# value length, crc32 of the value
+_PTR = struct.Struct("<IQIIIII")
 
 
 def cold_dir(table_location: str, build_id: str) -> str:
@@ -71,31 +76,67 @@ def cold_dir(table_location: str, build_id: str) -> str:
 
 # ================================================================= writing
 class SegmentWriter:
-    """Collects a build's cold chunk values into segments (local files first, uploaded by :meth:`upload`)."""
+    """Collects a build's cold chunk values into zstd frames and segments (local files first, then :meth:`upload`).
+
+    Values are appended per user (:meth:`add`, then :meth:`end_user`): a frame
+    closes at ``FRAME_BYTES`` of values or at the end of a user's cold chunks,
+    so one user's chunks share frames (a lookup reads consecutive chunks of a
+    user) and no frame mixes users needlessly. Compressed per frame, the
+    values shrink as RocksDB's own block compression would shrink them.
+    """
 
     def __init__(self, folder: Path, first_index: int) -> None:
         self.folder = folder
         self.first_index = first_index
-        self._parts: list[list[bytes]] = [[]]
-        self._size = 0
+        self._parts: list[list[bytes]] = [[]]   # compressed frames per segment
+        self._size = 0                          # bytes of the current segment
+        self._frame: list[bytes] = []           # values of the open frame
+        self._frame_raw = 0
+        self._pending: list[tuple[int, int, int, int]] = []  # (frame slot, offset in frame, length, crc32): this user's
+        self._closed: list[tuple[int, int, int, int]] = []  # per frame slot: (segment, offset, compressed, raw)
+        self._codec = pa.Codec("zstd", FRAME_LEVEL)
         self.values = 0
         self.bytes = 0
+        self.raw_bytes = 0
         self.local: list[tuple[Path, int]] = []  # (file, where the values start in it)
 
-    def add(self, value: bytes) -> bytes:
-        """Append one chunk value; returns its pointer (the RocksDB value)."""
-        if self._size + len(value) > SEGMENT_BYTES and self._size:
+    def add(self, value: bytes) -> None:
+        """Append one chunk value of the current user (its pointer comes from :meth:`end_user`)."""
+        self._pending.append((len(self._closed), self._frame_raw, len(value), zlib.crc32(value)))
+        self._frame.append(value)
+        self._frame_raw += len(value)
+        self.values += 1
+        self.raw_bytes += len(value)
+        if self._frame_raw >= FRAME_BYTES:
+            self._close_frame()
+
+    def _close_frame(self) -> None:
+        if not self._frame:
+            return
+        raw = b"".join(self._frame)
+        comp = self._codec.compress(raw, asbytes=True)
+        if self._size + len(comp) > SEGMENT_BYTES and self._size:
             self._parts.append([])
             self._size = 0
-        ptr = _PTR.pack(self.first_index + len(self._parts) - 1, self._size, len(value), zlib.crc32(value))
-        self._parts[-1].append(value)
-        self._size += len(value)
-        self.values += 1
-        self.bytes += len(value)
-        return ptr
+        self._closed.append((self.first_index + len(self._parts) - 1, self._size, len(comp), len(raw)))
+        self._parts[-1].append(comp)
+        self._size += len(comp)
+        self.bytes += len(comp)
+        self._frame, self._frame_raw = [], 0
+
+    def end_user(self) -> list[bytes]:
+        """Close the user's last frame; the pointers (RocksDB values) of the values added since the last call."""
+        self._close_frame()
+        out = []
+        for slot, off, ln, crc in self._pending:
+            seg, foff, clen, rawlen = self._closed[slot]
+            out.append(_PTR.pack(seg, foff, clen, rawlen, off, ln, crc))
+        self._pending = []
+        return out
 
     def finish(self) -> list[tuple[Path, int]]:
         """Write the segments as Parquet files; returns (file, value offset) per segment."""
+        self._close_frame()
         self.folder.mkdir(parents=True, exist_ok=True)
         for i, part in enumerate(p for p in self._parts if p):
             blob = b"".join(part)
@@ -150,10 +191,33 @@ class ColdCache:
         self.disk_bytes = disk_bytes
         self._mem: OrderedDict[tuple[str, int], bytes] = OrderedDict()
         self._mem_size = 0
+        self._frames: OrderedDict[tuple[str, int], bytes] = OrderedDict()  # decompressed frames
+        self._frames_size = 0
         self._disk_size: int | None = None
         self._lock = threading.Lock()
         self.fetches = 0          # ranged reads made (tests, benchmarks)
         self.fetched_bytes = 0
+
+    def drop_memory(self) -> None:
+        """Forget the in-memory layers only (as a new process would start: the disk cache stays)."""
+        with self._lock:
+            self._mem.clear()
+            self._mem_size = 0
+            self._frames.clear()
+            self._frames_size = 0
+
+    def clear(self) -> None:
+        """Forget every cached block, in memory and on disk (benchmarks, tests; segments are never stale)."""
+        import shutil
+
+        with self._lock:
+            self._mem.clear()
+            self._mem_size = 0
+            self._frames.clear()
+            self._frames_size = 0
+            self._disk_size = None
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
     # -------------------------------------------------------------- blocks
     def _disk_path(self, seg: str, block: int) -> Path | None:
@@ -232,11 +296,56 @@ class ColdCache:
             self._disk_size = total
 
     # ------------------------------------------------------------- reading
-    def read(self, storage: Any, segments: list[dict], wants: list[tuple[int, int, int]], threads: int = 8) -> list[bytes]:
-        """The bytes of each (segment number, offset, length, crc32) in ``wants`` (offsets from the segment's values)."""
+    def read(self, storage: Any, segments: list[dict], pointers: list[tuple]) -> list[bytes]:
+        """The values the unpacked ``pointers`` address: frames from memory, else their bytes through the block cache."""
+        frames: dict[tuple[int, int], bytes] = {}
+        missing: dict[tuple[int, int], tuple[int, int]] = {}
+        for seg_no, foff, clen, rawlen, _, _, _ in pointers:
+            if seg_no >= len(segments):
+                raise CorruptFileError(f"a cold pointer names segment {seg_no}; the build records {len(segments)}", "")
+            key = (seg_no, foff)
+            if key in frames or key in missing:
+                continue
+            with self._lock:
+                raw = self._frames.get((segments[seg_no]["path"], foff))
+                if raw is not None:
+                    self._frames.move_to_end((segments[seg_no]["path"], foff))
+            if raw is not None:
+                frames[key] = raw
+            else:
+                missing[key] = (clen, rawlen)
+        if missing:
+            order = list(missing)
+            got = self._ranges(storage, segments, [(s_, f_, missing[(s_, f_)][0]) for s_, f_ in order])
+            codec = pa.Codec("zstd")
+            for key, comp in zip(order, got):
+                path = segments[key[0]]["path"]
+                rawlen = missing[key][1]
+                try:
+                    raw = codec.decompress(comp, rawlen, asbytes=True)
+                except (OSError, ValueError, pa.ArrowException) as e:
+                    raise CorruptFileError(f"cold segment {path} is damaged (a frame does not decompress: {e})", path) from e
+                frames[key] = raw
+                with self._lock:
+                    self._frames[(path, key[1])] = raw
+                    self._frames_size += len(raw)
+                    while self._frames_size > FRAME_MEMORY_BYTES and self._frames:
+                        _, old = self._frames.popitem(last=False)
+                        self._frames_size -= len(old)
+        out = []
+        for seg_no, foff, _, _, voff, vlen, crc in pointers:
+            value = frames[(seg_no, foff)][voff : voff + vlen]
+            if len(value) != vlen or zlib.crc32(value) != crc:
+                path = segments[seg_no]["path"]
+                raise CorruptFileError(f"cold segment {path} is damaged (a value's checksum differs)", path)
+            out.append(value)
+        return out
+
+    def _ranges(self, storage: Any, segments: list[dict], wants: list[tuple[int, int, int]], threads: int = 8) -> list[bytes]:
+        """The bytes of each (segment number, offset, length) in ``wants`` (offsets from the segment's values)."""
         need: dict[int, set[int]] = {}
         have: dict[tuple[int, int], bytes] = {}
-        for seg_no, off, ln, _ in wants:
+        for seg_no, off, ln in wants:
             if seg_no >= len(segments):
                 raise CorruptFileError(f"a cold pointer names segment {seg_no}; the build records {len(segments)}", "")
             base = segments[seg_no]["base"]
@@ -289,7 +398,7 @@ class ColdCache:
                     self._store(segments[seg_no]["path"], b, piece)
                     have[(seg_no, b)] = piece
         out = []
-        for seg_no, off, ln, crc in wants:
+        for seg_no, off, ln in wants:
             pos = segments[seg_no]["base"] + off
             b0, b1 = pos // BLOCK_BYTES, (pos + ln - 1) // BLOCK_BYTES
             if b0 == b1:
@@ -299,9 +408,6 @@ class ColdCache:
                 joined = b"".join(have[(seg_no, b)] for b in range(b0, b1 + 1))
                 s = pos - b0 * BLOCK_BYTES
                 out.append(joined[s : s + ln])
-            if zlib.crc32(out[-1]) != crc:
-                raise CorruptFileError(f"cold segment {segments[seg_no]['path']} is damaged (a value's checksum differs)",
-                                       segments[seg_no]["path"])
         return out
 
 
