@@ -88,6 +88,9 @@ def test_incremental_build_references_the_cold_segments_and_serves_new_events(ba
     for max_len in (None, 4, 40):
         got = st.lookup(keys, before=befores, columns=ALL, max_len=max_len)
         assert got.to_pylist() == oracle(stored, keys, befores, ALL, max_len)
+    b3 = st.build(tier_after=3)          # another tiering: a full build with segments of its own
+    assert not b3.incremental and b3.tier_after == 3 and not (_names(backend, b3) & _names(backend, b2))
+    assert st.lookup(keys, before=befores, columns=ALL, max_len=40).to_pylist() == oracle(stored, keys, befores, ALL, 40)
 
 
 def test_second_lookup_reads_nothing_remote(seaweed, tmp_path):
@@ -190,3 +193,23 @@ def test_tier_after_must_be_a_count(lake):
         with pytest.raises(FeatureLakeError, match="tier_after"):
             st.build(tier_after=bad)
     assert st.builds() == []
+
+
+def test_string_keys_and_ipc_groups_tier_too(lake):
+    schema = pa.schema([("user", pa.string()), ("t", pa.int64()), ("event_id", pa.string()), ("v", pa.float64()),
+                        ("tags", pa.list_(pa.int32()))])
+    st = lake.create_sequence_table("ml.strs", schema, key="user", time="t")
+    rng = np.random.default_rng(7)
+    n = 1500
+    users = rng.choice(["ann", "bob", "a", "ab", "é", "z" * 30, "\x01\x01\x01\x01\x01\x01x"], n).tolist()
+    data = pa.table({"user": users, "t": rng.integers(0, 500, n), "event_id": [f"e{i:05d}" for i in range(n)],
+                     "v": rng.random(n), "tags": [[int(x)] * int(x % 3) for x in rng.integers(0, 9, n)]}, schema=schema)
+    st.append(data)
+    info = st.build(chunk_events=5, codecs="ipc", tier_after=2)
+    assert info.cold_segments and info.to_dict()["group_codecs"] == ["ipc"]
+    keys = ["ann", "a", "zz", "é", "ab", None, "bob", "\x01\x01\x01\x01\x01\x01x"] * 6
+    befores = rng.integers(-1, 520, len(keys)).tolist()
+    cols = ["t", "v", "event_id", "tags"]
+    for max_len, window in [(None, None), (4, None), (30, 100), (None, 40)]:
+        got = st.lookup(keys, before=befores, columns=cols, max_len=max_len, window=window)
+        assert got.to_pylist() == oracle(st.read(), keys, befores, cols, max_len, window, key="user", time="t")
