@@ -38,6 +38,7 @@ REGISTRY: dict[str, str] = {
     "placement": "benchmarks.placement",
     "ray_scale": "benchmarks.ray_scale",
     "writes": "benchmarks.writes",
+    "sequence_tiering": "benchmarks.sequence_tiering",
 }
 
 

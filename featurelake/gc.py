@@ -35,7 +35,8 @@ from featurelake import refs
 from featurelake.commit import optimistic
 from featurelake.errors import GarbageCollectionError
 from featurelake.placement import PROJECTIONS_DIR
-from featurelake.sequences.buildinfo import PROP_KEY, store_root
+from featurelake.sequences.buildinfo import PROP_KEY, list_builds, store_root
+from featurelake.sequences.tiering import COLD_DIR
 from featurelake.sequences.collect import BuildPlan, orphan_roots, plan_builds, plan_orphan_root, remove_builds
 from featurelake.state import STATE_KEY, state_of
 from featurelake.storage import PLATFORM_DIR, Storage, StoredFile, delete_stored, is_under, storage_of
@@ -226,9 +227,13 @@ def _table_plan(table: "Table", ice: IcebergTable, nested: list[str], cutoff: fl
     if current not in {f.uri for f in listed}:
         plan.refused[table.name] = f"its current metadata {current} is not among the files listed under {location}; nothing deleted"
         return plan
+    cold: list[StoredFile] = []
     for f in listed:
         if f.uri in keep or _is_catalog_file(f) or f"/{PLATFORM_DIR}/{PROJECTIONS_DIR}/" in f.uri:
             continue  # projection logs are snapshot-independent platform metadata
+        if f"/{PLATFORM_DIR}/{COLD_DIR}/" in f.uri:
+            cold.append(f)  # cold segments of store builds: kept while a build on disk reads them (below)
+            continue
         if store is not None and is_under(f.uri, store):
             continue  # store builds go whole, by what retained snapshots need (below)
         if _old(f, cutoff):
@@ -242,9 +247,25 @@ def _table_plan(table: "Table", ice: IcebergTable, nested: list[str], cutoff: fl
             plan.refused[f"{table.name} store"] = f"its store builds cannot be listed ({type(e).__name__}: {e}); kept"
             return plan
         plan.young += sum(len(list(Path(root, b).rglob("*"))) for b in plan.store.young)
-        if plan.store.foreign:
-            plan.refused[str(root)] = (f"{len(plan.store.foreign)} build(s) there record another table "
-                                       f"({', '.join(plan.store.foreign[:3])}); kept")
+        try:
+            doomed = set(plan.store.build_ids)
+            needed = {storage.canonical(seg["path"]) for b in list_builds(root) if b.build_id not in doomed
+                      for seg in b.cold_segments}
+        except Exception as e:  # noqa: BLE001 - an unreadable record: keep every segment
+            plan.refused[f"{table.name} cold segments"] = f"build records cannot be read ({type(e).__name__}: {e}); kept"
+            return plan
+    else:
+        needed = set()
+    for f in cold:
+        if f.uri in needed:
+            continue
+        if _old(f, cutoff):
+            plan.garbage.append(f)
+        else:
+            plan.young += 1
+    if plan.store is not None and plan.store.foreign:
+        plan.refused[str(root)] = (f"{len(plan.store.foreign)} build(s) there record another table "
+                                   f"({', '.join(plan.store.foreign[:3])}); kept")
     return plan
 
 

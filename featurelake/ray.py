@@ -291,6 +291,7 @@ class _ShippedView:
 
     def __init__(self, view: Any) -> None:
         self.info = view.store.info
+        self.io = getattr(view.store, "io", None)
         self.args = (view.key, view.time, list(view.columns), view.max_len, view.window, view.threads, view.batch_keys)
 
     def open(self) -> Any:
@@ -299,7 +300,7 @@ class _ShippedView:
 
         key = (self.info.path, repr(self.args))
         if key not in _VIEWS:
-            _VIEWS[key] = SequenceView(SequenceStore(self.info), *self.args)
+            _VIEWS[key] = SequenceView(SequenceStore(self.info, io=self.io), *self.args)
         return _VIEWS[key]
 
 

@@ -162,8 +162,8 @@ def _connection(ep: _Endpoint, host: str, fresh: bool = False) -> http.client.HT
     return conn
 
 
-def get_object(fs: pafs.FileSystem, path: str, size: int) -> bytes | None:
-    """The ``size`` bytes of ``path`` (``bucket/key``) in one signed GET; None when not done here.
+def get_object(fs: pafs.FileSystem, path: str, size: int, offset: int = 0) -> bytes | None:
+    """The ``size`` bytes of ``path`` (``bucket/key``) from ``offset`` on, in one signed GET; None when not done here.
 
     None (the caller opens the file with pyarrow instead) when this
     filesystem cannot be signed for, the request fails, or the store answers
@@ -176,7 +176,7 @@ def get_object(fs: pafs.FileSystem, path: str, size: int) -> bytes | None:
     host, url_path = (f"{bucket}.{ep.host}", f"/{key}") if ep.virtual else (ep.host, f"/{bucket}/{key}")
     for attempt in range(2):  # a kept-alive connection the server closed: once more on a fresh one
         headers = _sign(ep, host, url_path, b"", datetime.now(timezone.utc), method="GET", query="",
-                        extra={"range": f"bytes=0-{size - 1}"})
+                        extra={"range": f"bytes={offset}-{offset + size - 1}"})
         conn = _connection(ep, host, fresh=attempt > 0)
         try:
             conn.request("GET", urllib.parse.quote(url_path, safe="/~"), headers=headers)

@@ -50,6 +50,8 @@ from featurelake.sequences.store import (
     backend_from_dict,
     write_json_atomic,
 )
+from featurelake.sequences.tiering import SegmentWriter, cold_dir
+from featurelake.storage import storage_of
 from featurelake.sequences.buildinfo import (  # noqa: F401  (public here as before)
     BUILD_FORMAT,
     DEFAULT_THREADS,
@@ -88,6 +90,7 @@ def build_store(
     threads: int = DEFAULT_THREADS,
     codecs: str | None = None,
     full_build: "FullBuilder | None" = None,
+    tier_after: int | None = None,
 ) -> BuildInfo:
     """Build the serving store for a branch head (or a snapshot); returns its record.
 
@@ -102,6 +105,10 @@ def build_store(
     ``"ipc"`` uses Arrow IPC everywhere. ``full_build`` makes the sorted
     files of a full build (default :func:`_full_build`, here; featurelake.ray
     passes one that sorts and writes them in parallel Ray tasks).
+    ``tier_after=N`` (N >= 1) keeps each user's newest N chunks in the local
+    store and writes the older ones to cold segments on the lake's storage,
+    read on demand through a local cache (:mod:`featurelake.sequences.tiering`);
+    0 tiers nothing; None: as the previous build.
     """
     t0 = _time.perf_counter()
     ice = st.refresh()
@@ -109,14 +116,24 @@ def build_store(
     if snap is None:
         raise SequenceBuildError(f"{st.name}@{branch} has no events yet: append events first")
     previous = st.builds()
+    if tier_after is not None and (isinstance(tier_after, bool) or not isinstance(tier_after, (int, np.integer))
+                                   or tier_after < 0):
+        raise FeatureLakeError(f"tier_after must be a whole number of chunks >= 0 (0: no tiering), not {tier_after!r}")
+    tier = int(tier_after) if tier_after is not None else (previous[-1].tier_after if previous else 0)
+    if tier < 0:
+        raise FeatureLakeError(f"tier_after must be a whole number of chunks >= 0 (0: no tiering), not {tier_after!r}")
+    if tier and full_build is not None:
+        raise FeatureLakeError("tier_after is not supported with a custom full build (Ray builds): build without it")
     inherit = previous and chunk_events is None and column_groups is None and codecs is None
     layout = _layout(st, ice, snap, chunk_events, column_groups, previous, codecs)
     backend = backend or (backend_from_dict(previous[-1].store) if inherit else RocksDBBackend())
     if not force:
-        same = [b for b in previous if b.snapshot_id == snap.snapshot_id and _layout_key(layout, backend) == b.layout()]
+        same = [b for b in previous if b.snapshot_id == snap.snapshot_id and _layout_key(layout, backend) == b.layout()
+                and b.tier_after == tier]
         if same:
             return same[-1]
-    base, new_files = (_incremental_base(st, ice, snap, layout, backend, previous) if incremental else (None, None))
+    base, new_files = (_incremental_base(st, ice, snap, layout, backend, [b for b in previous if b.tier_after == tier])
+                       if incremental else (None, None))
 
     build_id = f"{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%S%f}-{uuid.uuid4().hex[:6]}"
     root = st.store_root
@@ -137,7 +154,14 @@ def build_store(
                 base = None
                 shutil.rmtree(tmp / "sst", ignore_errors=True)
                 (tmp / "sst").mkdir()
-        layers, stats, codec_list = extended or (full_build or _full_build)(st, ice, snap, layout, backend, tmp, bucket_rows)
+        cold = SegmentWriter(tmp / "cold", 0) if tier and extended is None else None
+        layers, stats, codec_list = extended or (full_build or _full_build)(
+            st, ice, snap, layout, backend, tmp, bucket_rows, **({"cold": cold, "hot_chunks": tier} if cold else {}))
+        segments = list(base.cold_segments) if extended is not None else []
+        if cold is not None and cold.values:
+            cold.finish()
+            segments += cold.upload(storage_of(ice.io), cold_dir(ice.location(), build_id))
+            shutil.rmtree(tmp / "cold", ignore_errors=True)
         backend.assemble(str(tmp / "db"), [[str(tmp / p) for p in layer] for layer in layers])
         sizes = [[os.path.getsize(tmp / p) for p in layer] for layer in layers]
         info = BuildInfo(
@@ -164,6 +188,9 @@ def build_store(
             base_build=base.build_id if base is not None else None,
             seconds=round(_time.perf_counter() - t0, 3),
             table_uuid=str(ice.metadata.table_uuid),
+            tier_after=tier,
+            cold_segments=segments,
+            cold_bytes=sum(int(x["bytes"]) for x in segments),
             **stats,
         )
         payload = dataclasses.asdict(info)
@@ -249,8 +276,12 @@ def _update_files(st: SequenceTable, ice, snap) -> frozenset[str]:
 FullBuilder = Callable[..., "tuple[list[list[str]], dict, list]"]
 
 
-def _full_build(st: SequenceTable, ice, snap, layout: _Layout, backend: StoreBackend, tmp: Path, bucket_rows: int):
-    """Sort the whole snapshot by (key, time) in key-range buckets; one sorted file per bucket."""
+def _full_build(st: SequenceTable, ice, snap, layout: _Layout, backend: StoreBackend, tmp: Path, bucket_rows: int,
+                cold: SegmentWriter | None = None, hot_chunks: int = 0):
+    """Sort the whole snapshot by (key, time) in key-range buckets; one sorted file per bucket.
+
+    With ``cold`` (a tiered build) chunks before each user's newest ``hot_chunks`` go to cold segments.
+    """
     codec = KeyCodec.for_type(layout.key_type)
     scan = st.scan(layout.scan_columns, snapshot_id=snap.snapshot_id, ice=ice)
     total_rows = sum(t.file.record_count for t in scan.tasks())
@@ -263,7 +294,8 @@ def _full_build(st: SequenceTable, ice, snap, layout: _Layout, backend: StoreBac
         rel = f"sst/L000/part-{index:05d}.sst"
         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
         w = backend.writer(str(tmp / rel))
-        got = _encode_sorted(_sort_events(tbl, layout).drop_columns(_dropped(layout)), layout, codecs, codec, w)
+        got = _encode_sorted(_sort_events(tbl, layout).drop_columns(_dropped(layout)), layout, codecs, codec, w,
+                             cold=cold, hot_chunks=hot_chunks)
         if w.finish():
             files.append(rel)
         for k in totals:
@@ -374,7 +406,7 @@ def _extend_build(st: SequenceTable, ice, snap, layout: _Layout, backend: StoreB
     if new is None or not new.num_rows:
         return layers, stats, codecs
     new = _sort_events(new, layout).drop_columns(_dropped(layout))
-    store = SequenceStore(base)
+    store = SequenceStore(base, io=ice.io)
     c = layout.chunk_events
     key_vals = codec.values(new.column(layout.key).combine_chunks())
     times = _int_times(new.column(layout.time))

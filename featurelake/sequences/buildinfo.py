@@ -76,6 +76,9 @@ class BuildInfo:
     seconds: float = 0.0
     tasks: int = 0  # parallel Ray tasks that wrote the sorted files (featurelake.ray); 0: built in-process
     table_uuid: str = ""  # the Iceberg table's uuid: garbage collection never deletes another table's build
+    tier_after: int = 0   # >0: each user's chunks before its newest tier_after are cold (featurelake.sequences.tiering)
+    cold_segments: list[dict] = dataclasses.field(default_factory=list)  # {"path", "bytes", "base"} per segment
+    cold_bytes: int = 0   # bytes of the cold segments this build reads (its own and its base's)
     format: int = BUILD_FORMAT
     path: str = ""
 

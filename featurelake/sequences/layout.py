@@ -26,7 +26,7 @@ per chunk a single-level head would be 50 KB; two-level, 800 bytes plus one
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -35,6 +35,9 @@ import pyarrow.compute as pc
 from featurelake.errors import FeatureLakeError, SchemaMismatchError
 from featurelake.sequences.packed import PackedCodec
 from featurelake.sequences.store import DICT_MAX, HEAD_FANOUT, FixedCodec, IpcCodec, KeyCodec, fixed_dtype, is_string
+
+if TYPE_CHECKING:
+    from featurelake.sequences.tiering import SegmentWriter
 
 
 # ================================================================== layout
@@ -132,11 +135,16 @@ def _encode_sorted(
     codec: KeyCodec,
     writer,
     prefix: dict | None = None,
+    cold: "SegmentWriter | None" = None,
+    hot_chunks: int = 0,
 ) -> dict[str, int]:
     """Write the heads and chunks of every user in ``tbl`` (sorted by key, time).
 
     ``prefix`` maps a user to (first chunk number, first times of the chunks
     before it): an incremental build re-encodes a user from that chunk on.
+    With ``cold`` (a tiered build, :mod:`featurelake.sequences.tiering`) a
+    user's chunks before its newest ``hot_chunks`` go to cold segments and
+    the store keeps a pointer (tag 3) for each.
     """
     n = tbl.num_rows
     if n == 0:
@@ -160,10 +168,18 @@ def _encode_sorted(
         # Keys must come in order: head (tag 0), chunks (tag 1), head pages (tag 2).
         top = ft if total <= HEAD_FANOUT else ft[::HEAD_FANOUT]
         writer.put(p + b"\x00", np.concatenate([[k0 * c + (e - s), times[e - 1]], top]).astype("<i8").tobytes())
+        first_hot = total - hot_chunks if cold is not None else 0
+        pointers = []
         for j in range(count):
             off = s + j * c
             ln = min(c, e - off)
-            ck = p + b"\x01" + (k0 + j).to_bytes(4, "big")
+            cn = (k0 + j).to_bytes(4, "big")
+            if k0 + j < first_hot:
+                for g, enc in enumerate(encoders):
+                    cold.add(enc(off, ln))
+                    pointers.append(cn + bytes([g]))
+                continue
+            ck = p + b"\x01" + cn
             for g, enc in enumerate(encoders):
                 writer.put(ck + bytes([g]), enc(off, ln))
         if total > HEAD_FANOUT:
@@ -171,6 +187,9 @@ def _encode_sorted(
             ft8 = ft.astype("<i8")
             for pg in range(k0 // HEAD_FANOUT, -(-total // HEAD_FANOUT)):
                 writer.put(p + b"\x02" + pg.to_bytes(4, "big"), ft8[pg * HEAD_FANOUT : (pg + 1) * HEAD_FANOUT].tobytes())
+        if pointers:  # tag 3 sorts after the pages
+            for tail, ptr in zip(pointers, cold.end_user()):
+                writer.put(p + b"\x03" + tail, ptr)
         users += 1
         events += k0 * c + (e - s)
         chunks += k0 + count

@@ -39,7 +39,7 @@ PARALLEL_EVENTS = 1 << 16    # below this many events a lookup assembles its col
 class SequenceStore:
     """One build opened for reading: heads, chunk selection, parallel fetch, assembly."""
 
-    def __init__(self, info: BuildInfo) -> None:
+    def __init__(self, info: BuildInfo, io: Any = None) -> None:
         if info.format not in READ_FORMATS:
             raise SequenceBuildError(
                 f"build {info.build_id} has store format {info.format}; this featurelake reads format {BUILD_FORMAT}: rebuild"
@@ -49,6 +49,11 @@ class SequenceStore:
         if not Path(info.db_dir).exists():
             raise CorruptFileError(f"sequence store {info.db_dir} of build {info.build_id} is missing", info.db_dir)
         self.reader = READERS.get(info.db_dir, self.backend)
+        self.io = io  # the table's FileIO: reads the cold segments of a tiered build
+        if info.cold_segments:
+            from featurelake.sequences.tiering import TieredReader, cache_for
+
+            self.reader = TieredReader(self.reader, info, io, cache_for(Path(info.path).parent / ".cold-cache"))
         self.schemas = info.schemas()
         self.codecs = info.codecs()
         self.time = info.time

@@ -344,7 +344,7 @@ class SequenceTable(Table):
     # ---------------------------------------------------------------- reads
     def open_store(self, branch: str = MAIN, snapshot_id: int | None = None, build: str | None = None) -> "SequenceStore":
         """The servable store of the build matching ``branch``/``snapshot_id`` (or named ``build``)."""
-        return SequenceStore(self.build_for(branch, snapshot_id, build))
+        return SequenceStore(self.build_for(branch, snapshot_id, build), io=self._ice.io)
 
     def lookup(
         self,
