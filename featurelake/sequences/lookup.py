@@ -191,8 +191,8 @@ class SequenceStore:
         delta = np.zeros(n, np.int64)
         fetched: dict[int, Any] = {}
         if len(rows):
-            lo[rows], hi[rows], delta[rows], fetched = self._select(keys, rows, b, w, max_len, columns, threads,
-                                                                    batch_keys, stats)
+            lo[rows], hi[rows], delta[rows], fetched, _ = self._select(keys, rows, b, w, max_len, columns, threads,
+                                                                       batch_keys, stats)
         lengths = hi - lo
         total = int(lengths.sum())
         if total >= 1 << 31:
@@ -229,7 +229,8 @@ class SequenceStore:
         return pa.ListArray.from_arrays(pa.array(offsets), struct, type=self.output_type(columns))
 
     def _select(self, keys, rows, b, w, max_len, columns, threads, batch_keys, stats):
-        """Per valid row: [lo, hi) into the pairs' events back to back, the offset of fixed-codec slots, and the data."""
+        """Per valid row: [lo, hi) into the pairs' events back to back, the offset of fixed-codec slots, the data,
+        and each fetched pair's event count (the pool's layout)."""
         c = self.chunk_events
         kv = self.codec.values(keys if len(rows) == len(keys) else keys.take(pa.array(rows)))
         users, inv = np.unique(kv, return_inverse=True)
@@ -262,7 +263,7 @@ class SequenceStore:
         hi = np.zeros(len(rows), np.int64)
         delta = np.zeros(len(rows), np.int64)
         if not len(need):
-            return lo, hi, delta, {}
+            return lo, hi, delta, {}, np.zeros(0, np.int64)
 
         # the unique (user, chunk) pairs of the batch, in (user, chunk) order
         mn = m[need]
@@ -316,7 +317,7 @@ class SequenceStore:
         hi[need] = h
         # fixed-codec slots: a row's pairs are whole chunks except maybe the last, so one offset maps them
         delta[need] = p_lo * c - pool_off[p_lo]
-        return lo, hi, delta, fetched
+        return lo, hi, delta, fetched, counts
 
     def _pair_times(self, group0: Any, counts: np.ndarray, pool_off: np.ndarray) -> np.ndarray:
         """The time column as a (pairs, chunk_events) int64 grid (slots past a pair's count are junk)."""
