@@ -96,6 +96,8 @@ def _prepare(store: SequenceStore, keys: pa.Array, before: Any, max_len: int | N
     w = _window_int(window, store.time_type)
     if w is not None and b is None:
         raise FeatureLakeError("a window counts back from `before`: give before= too")
+    if not keys.null_count and (b_valid is None or b_valid.all()):
+        return n, b, w, np.arange(n)
     valid = np.asarray(keys.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
     if b_valid is not None:
         valid &= b_valid
@@ -193,8 +195,13 @@ class HistoryCache:
 
     def _reset(self) -> None:
         self.keys = np.empty(0, np.int64 if self.store.codec.kind == "int" else object)  # sorted
-        self.start = np.empty(0, np.int64)
-        self.count = np.empty(0, np.int64)
+        self.ordinal = np.empty(0, np.int64)   # per sorted key: its segment (users in arena order)
+        self.seg_start = np.empty(0, np.int64)
+        self.seg_count = np.empty(0, np.int64)
+        self.seg_first = np.empty(0, np.int64)  # first event time (0 when none)
+        self.seg_range = np.empty(0, np.int64)  # last - first time
+        self.span = 1  # search key of a slot: segment * span + (time - segment's first time); None: too wide
+        self.comp = np.empty(0, np.int64)
         self.size = 0
         self.data = {col: np.empty(0, np.uint8 if col in self.bools else dt) for col, (_, dt, _) in self.layout.items()}
         self.bits = {col: np.empty(0, np.uint8) for col, (_, _, voff) in self.layout.items() if voff is not None}
@@ -215,12 +222,28 @@ class HistoryCache:
             new = np.empty(cap // 8, np.uint8)
             new[: self.size // 8] = arr[: self.size // 8]
             self.bits[col] = new
+        if self.span is not None:
+            new = np.empty(cap, np.int64)
+            new[: self.size] = self.comp[: self.size]
+            self.comp = new
 
     def _fetch(self, keys: pa.Array, threads: int, batch_keys: int, stats: dict):
         """Whole histories of ``keys`` (distinct users): event counts and where each event sits in the chunks."""
         lo, hi, delta, fetched, _ = self.store._select(keys, np.arange(len(keys)), None, None, None, self.cols,
                                                        threads, batch_keys, stats)
         return hi - lo, lo + delta, fetched
+
+    def _search_keys(self, seg0: int, seg1: int, span: int) -> np.ndarray:
+        """The search keys of segments [seg0, seg1) (their slots back to back): sorted across the arena."""
+        starts, counts = self.seg_start[seg0:seg1], self.seg_count[seg0:seg1]
+        ends = np.append(starts[1:], self.size if seg1 == len(self.seg_start) else self.seg_start[seg1])
+        width = ends - starts
+        seg = np.repeat(np.arange(seg0, seg1, dtype=np.int64), width)
+        local = np.arange(int(width.sum()), dtype=np.int64) - np.repeat(starts - starts[0] if len(starts) else starts, width)
+        a = int(starts[0]) if len(starts) else 0
+        t = self.data[self.store.time][a : a + len(seg)].astype(np.int64, copy=False)
+        real = local < np.repeat(counts, width)
+        return seg * span + np.where(real, t - np.repeat(self.seg_first[seg0:seg1], width), span - 1)
 
     def _append(self, users: np.ndarray, got) -> None:
         n, src0, fetched = got
@@ -229,11 +252,12 @@ class HistoryCache:
         total = int(width.sum())
         self._grow(self.size + total)
         m = int(n.sum())
+        a, z = self.size, self.size + total
+        times = self.data[self.store.time]
         if m:
             ramp = np.arange(m, dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
             src = np.repeat(src0, n) + ramp
             dst = np.repeat(starts - self.size, n) + ramp  # into the new region
-            a, z = self.size, self.size + total
             for col in self.cols:
                 vals, ok = fetched[self.store.group_of[col]][col]
                 if col in self.bools:
@@ -246,17 +270,40 @@ class HistoryCache:
                     flags = np.zeros(total, bool)
                     flags[dst] = ok[src]
                     self.bits[col][a // 8 : z // 8] = np.packbits(flags, bitorder="little")
-        self.size += total
+        has = n > 0
+        first = np.where(has, times[np.where(has, starts, 0)].astype(np.int64), 0) if len(n) else np.zeros(0, np.int64)
+        last = np.where(has, times[np.where(has, starts + n - 1, 0)].astype(np.int64), 0) if len(n) else first
+        seg0 = len(self.seg_start)
+        self.seg_start = np.concatenate([self.seg_start, starts])
+        self.seg_count = np.concatenate([self.seg_count, n])
+        self.seg_first = np.concatenate([self.seg_first, first])
+        self.seg_range = np.concatenate([self.seg_range, last - first])
+        self.size = z
+        if self.span is not None:
+            need = int(self.seg_range.max()) + 2 if len(self.seg_range) else 1
+            span = self.span if need <= self.span else max(need, 2 * self.span)
+            if len(self.seg_start) * span >= 1 << 62:  # keys would overflow: per-row binary search instead
+                self.span = None
+            elif span != self.span:  # wider: new keys for the whole arena (a new array: batches may be reading)
+                comp = np.empty(len(self.comp), np.int64)
+                comp[:z] = self._search_keys(0, len(self.seg_start), span)
+                self.comp, self.span = comp, span
+            else:
+                self.comp[a:z] = self._search_keys(seg0, len(self.seg_start), span)
         keys = np.concatenate([self.keys, users])
         order = np.argsort(keys, kind="stable")
         self.keys = keys[order]
-        self.start = np.concatenate([self.start, starts])[order]
-        self.count = np.concatenate([self.count, n])[order]
+        self.ordinal = np.concatenate([self.ordinal, np.arange(seg0, len(self.seg_start), dtype=np.int64)])[order]
 
-    def _find(self, users: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        pos = np.searchsorted(self.keys, users)
+    def _find(self, kv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if kv.dtype == object:
+            pos = np.searchsorted(self.keys, kv)
+        else:  # sorted queries search faster
+            order = np.argsort(kv)
+            pos = np.empty(len(kv), np.int64)
+            pos[order] = np.searchsorted(self.keys, kv[order])
         hit = pos < len(self.keys)
-        hit[hit] = self.keys[pos[hit]] == users[hit]
+        hit[hit] = self.keys[pos[hit]] == kv[hit]
         return pos, hit
 
     def join(self, keys: pa.Array, before: Any, max_len: int | None, window: Any, threads: int,
@@ -270,36 +317,44 @@ class HistoryCache:
         with self.lock:
             if len(rows):
                 sel = keys if len(rows) == n else keys.take(pa.array(rows))
-                users, first, inv = np.unique(store.codec.values(sel), return_index=True, return_inverse=True)
-                inv = inv.reshape(-1)
-                stats["users"] = len(users)
-                pos, hit = self._find(users)
-                miss = np.flatnonzero(~hit)
-                stats["cache_hits"], stats["cache_misses"] = len(users) - len(miss), len(miss)
-                if len(miss):
-                    got = self._fetch(sel.take(pa.array(first[miss])), threads, batch_keys, stats)
+                kv = store.codec.values(sel)
+                pos, hit = self._find(kv)
+                if not hit.all():
+                    miss_rows = np.flatnonzero(~hit)
+                    users, first = np.unique(kv[miss_rows], return_index=True)
+                    first = miss_rows[first]
+                    stats["cache_misses"] = len(users)
+                    got = self._fetch(sel.take(pa.array(first)), threads, batch_keys, stats)
                     if self.size and self.size + int(((got[0] + 7) & ~7).sum()) > self.max_events:
                         self._reset()  # refill with this batch's users only
-                        old = np.flatnonzero(hit)
-                        if len(old):
-                            self._append(users[old], self._fetch(sel.take(pa.array(first[old])), threads, batch_keys,
-                                                                 stats))
-                    self._append(users[miss], got)
-                    pos, hit = self._find(users)
-                s = self.start[pos][inv]
-                e = s + self.count[pos][inv]
-            size = self.size
+                        old_rows = np.flatnonzero(hit)
+                        if len(old_rows):
+                            old, ofirst = np.unique(kv[old_rows], return_index=True)
+                            self._append(old, self._fetch(sel.take(pa.array(old_rows[ofirst])), threads, batch_keys,
+                                                          stats))
+                    self._append(users, got)
+                    pos, hit = self._find(kv)
+                stats["cache_hits"] = len(rows) - stats["cache_misses"]
+                seg = self.ordinal[pos]
+                s = self.seg_start[seg]
+                e = s + self.seg_count[seg]
+                f = self.seg_first[seg]
+            size, span, comp = self.size, self.span, self.comp
             data = {col: self.data[col] for col in self.cols}
             bits = {col: self.bits[col] for col in self.bits}
         if len(rows):
             times = data[store.time][:size]
-            h = e if b is None else _bisect(times, s, e, b[rows])
+            if b is None:
+                h = e
+            else:
+                br = b[rows]
+                h = self._search(comp, size, span, times, seg, s, e, f, br)
             lo = s if max_len is None else np.maximum(s, h - int(max_len))
             if w is not None:
-                lo = np.maximum(lo, _bisect(times, lo, h, b[rows] - w))
+                lo = np.maximum(lo, self._search(comp, size, span, times, seg, s, h, f, br - w))
             lo, hi = np.minimum(lo, h), h
         arrays = []
-        for col, f in zip(self.columns, self.fields):
+        for col, fld in zip(self.columns, self.fields):
             cd = store.codecs[store.group_of[col]]
             vals = data[col][: size // 8 if col in self.bools else size]
             bm = bits.get(col)
@@ -309,6 +364,17 @@ class HistoryCache:
         stats["events"] = int((hi - lo).sum())
         stats["pool_events"] = size
         return _list_view(n, rows, lo, hi, values, self.type), stats
+
+    @staticmethod
+    def _search(comp, size, span, times, seg, s, e, first, q) -> np.ndarray:
+        """Per row: the first slot in [s, e) whose time is >= q (one searchsorted over the arena's search keys)."""
+        if span is None:
+            return _bisect(times, s, e, q)
+        key = seg * span + np.clip(q - first, 0, span - 1)
+        order = np.argsort(key)  # sorted queries: each search starts where the last ended (5x faster here)
+        out = np.empty(len(key), np.int64)
+        out[order] = np.searchsorted(comp[:size], key[order])
+        return np.clip(out, s, e)
 
 
 def _bisect(times: np.ndarray, lo: np.ndarray, hi: np.ndarray, q: np.ndarray) -> np.ndarray:

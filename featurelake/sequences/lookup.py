@@ -512,7 +512,8 @@ def _as_array(values: Any, t: pa.DataType) -> pa.Array:
 
 def _times_to_int(arr: pa.Array, target: pa.DataType) -> tuple[np.ndarray, np.ndarray]:
     """Times as int64 in the target's unit, rounding up (no event at or after the time slips in)."""
-    valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    valid = (np.ones(len(arr), bool) if not arr.null_count
+             else np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool))
     if pa.types.is_timestamp(target):
         if pa.types.is_date(arr.type):
             arr = arr.cast(pa.timestamp("s"))
@@ -520,7 +521,8 @@ def _times_to_int(arr: pa.Array, target: pa.DataType) -> tuple[np.ndarray, np.nd
             arr = arr.cast(pa.int64()).cast(target)
         if not pa.types.is_timestamp(arr.type):
             raise SchemaMismatchError(f"times of type {arr.type} cannot bound a {target} sequence time")
-        raw = arr.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+        raw = arr.cast(pa.int64())
+        raw = (raw.fill_null(0) if raw.null_count else raw).to_numpy(zero_copy_only=False)
         src, dst = _UNIT_NS[arr.type.unit], _UNIT_NS[target.unit]
         if src > dst:
             raw = raw * (src // dst)
