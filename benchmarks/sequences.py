@@ -513,6 +513,10 @@ def run(cfg: Config) -> dict[str, Any]:
             "bytes fetched count values returned by the store (heads + chunks) for 4096-row batches; the baseline "
             "fetches each unique user's whole history once per batch",
             f"throughput and lookups use {threads} threads and hot/cold column groups {GROUPS}; projection {HOT}",
+            "list_view: layout='list_view' (offsets + sizes into the batch's fetched chunks, no per-row copies); "
+            "list_view_cached: cache_bytes=CACHE_BYTES, warmed by one epoch before timing (each user's whole history "
+            "decoded once, a batch is a view of the arena); list_view_cached_cold: a fresh cache per timed epoch (every "
+            "user fetched once in it); all interleaved with the plain read and the list join, best of `repeat`",
             "long histories: batches of 16 distinct users, one row each (own `before`, uniform over days 60..365 of a "
             "one-year history); full size 2000 users x 2K, 100 x 80K, 16 x 800K events; window = 3.65 days (1% of the "
             "history) capped at 256 events",
