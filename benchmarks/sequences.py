@@ -66,6 +66,7 @@ GOAL_BYTES = 2 / 3      # Meta: about a third less than whole histories
 GOAL_LONG = 1.5
 GOAL_FLOOR = 1.5        # issue 12: lookups within 1.5x of the raw multi-get floor
 GOAL_JOIN = 0.25        # issue 12: joined batches at >= 25% of the unjoined read's rows/s
+CACHE_BYTES = 512 << 20  # the list-view history cache's bound (the full run's histories take ~70 MB)
 
 
 def sizes(cfg: Config) -> dict[str, int]:
@@ -172,7 +173,14 @@ def bytes_fetched(store, base_reader, base_schema, codec, batches: list[pa.Recor
     }
 
 
-def throughput(samples, view, cfg, repeat: int) -> dict[str, Any]:
+def throughput(samples, view, cfg, repeat: int, st=None) -> dict[str, Any]:
+    """Rows/s of the unjoined read, the list join and (with ``st``) the list-view joins, interleaved in one run.
+
+    ``list_view``: each row a view into the batch's fetched chunks (no per-row
+    copy); ``list_view_cached``: the cross-batch history cache, warm (every
+    user decoded once, before the timed epochs); ``list_view_cached_cold``: a
+    fresh cache per epoch (the first epoch's cost, each user fetched once).
+    """
     cols = ["sample_id", "label"] + FEATURES
 
     def plain():
@@ -181,23 +189,36 @@ def throughput(samples, view, cfg, repeat: int) -> dict[str, Any]:
             n += b.num_rows
         return n, 0
 
-    def joined():
-        n = e = 0
-        for b in samples.batches(columns=cols, batch_size=BATCH, sequences={"hist": view}):
-            n += b.num_rows
-            e += len(b.column("hist").values)
-        return n, e
+    def joined_with(v):
+        def run_it():
+            n = e = 0
+            for b in samples.batches(columns=cols, batch_size=BATCH, sequences={"hist": v}):
+                n += b.num_rows
+                h = b.column("hist")
+                e += int(pa.compute.sum(h.sizes).as_py() or 0) if pa.types.is_list_view(h.type) else len(h.values)
+            return n, e
+        return run_it
 
-    best = {"plain": float("inf"), "joined": float("inf")}
+    runs = {"plain": plain, "joined": joined_with(view)}
+    cached = None
+    if st is not None:
+        kw = dict(key=view.key, time=view.time, columns=view.columns, max_len=view.max_len, window=view.window,
+                  build=view.store.info.build_id, threads=view.threads, batch_keys=view.batch_keys)
+        runs["list_view"] = joined_with(st.view(layout="list_view", **kw))
+        cached = st.view(layout="list_view", cache_bytes=CACHE_BYTES, **kw)
+        joined_with(cached)()  # warm: every user decoded once
+        runs["list_view_cached"] = joined_with(cached)
+        runs["list_view_cached_cold"] = lambda: joined_with(st.view(layout="list_view", cache_bytes=CACHE_BYTES, **kw))()
+    best = {name: float("inf") for name in runs}
     counts = {}
     for _ in range(repeat):
-        for name, fn in (("plain", plain), ("joined", joined)):
+        for name, fn in runs.items():
             t0 = time.perf_counter()
             counts[name] = fn()
             best[name] = min(best[name], time.perf_counter() - t0)
     rows, events = counts["joined"]
     floor_s = assembly_floor(samples, view, cols, repeat)
-    return {
+    out = {
         "assembly_floor_rows_per_s": round(rows / floor_s),
         "assembly_floor_over_plain_throughput": ratio(best["plain"], floor_s),
         "rows": rows,
@@ -209,6 +230,16 @@ def throughput(samples, view, cfg, repeat: int) -> dict[str, Any]:
         "joined_events_per_s": round(events / best["joined"]),
         "joined_over_plain_throughput": ratio(best["plain"], best["joined"]),
     }
+    for name in runs:
+        if name.startswith("list_view"):
+            assert counts[name] == counts["joined"], (name, counts[name], counts["joined"])  # same rows, same events
+            out[f"{name}_s"] = round(best[name], 4)
+            out[f"{name}_rows_per_s"] = round(rows / best[name])
+            out[f"{name}_over_plain_throughput"] = ratio(best["plain"], best[name])
+    if cached is not None:
+        out["list_view_cache"] = {"arena_events": cached.cache.size, "arena_bytes": sum(a.nbytes for a in cached.cache.data.values()),
+                                  "resets": cached.cache.resets, "cache_bytes": CACHE_BYTES}
+    return out
 
 
 def assembly_floor(samples, view, cols: list[str], repeat: int) -> float:
@@ -415,13 +446,16 @@ def run(cfg: Config) -> dict[str, Any]:
               f"{fmt_bytes(fetched['single_group_bytes_per_batch'])}) vs whole histories {fmt_bytes(fetched['whole_history_bytes_per_batch'])}")
 
         # 3. throughput
-        tp = throughput(samples, view_hot, cfg, repeat)
+        tp = throughput(samples, view_hot, cfg, repeat, st)
         tp["lookups_vs_floor"] = lookups_vs_floor(store, batches, threads, repeat)
         tp["lookups_vs_floor_one_thread"] = lookups_vs_floor(store, batches, 1, repeat)
         result["throughput"] = tp
         print(f"  throughput: joined {tp['joined_rows_per_s']:,} rows/s ({tp['joined_events_per_s']:,} events/s) vs plain "
               f"{tp['plain_rows_per_s']:,} rows/s; lookups {tp['lookups_vs_floor']['lookups_per_s']:,}/s vs raw multi-get "
               f"{tp['lookups_vs_floor']['raw_multiget_rows_per_s']:,}/s")
+        print(f"  list-view joins: {tp['list_view_rows_per_s']:,} rows/s ({tp['list_view_over_plain_throughput']}x); "
+              f"cached warm {tp['list_view_cached_rows_per_s']:,} rows/s ({tp['list_view_cached_over_plain_throughput']}x), "
+              f"cold {tp['list_view_cached_cold_rows_per_s']:,} rows/s ({tp['list_view_cached_cold_over_plain_throughput']}x)")
 
         # 5. a sequence view and an item-feature view together
         from benchmarks.sequences_features import feature_join
@@ -459,6 +493,11 @@ def run(cfg: Config) -> dict[str, Any]:
             goal("lookup time / raw multi-get of the same keys (1 thread)",
                  tp["lookups_vs_floor_one_thread"]["lookup_over_floor_time"], GOAL_FLOOR, higher_is_better=False),
             goal("joined (256-event histories) / unjoined rows/s", tp["joined_over_plain_throughput"], GOAL_JOIN),
+            goal("list-view join / unjoined rows/s", tp["list_view_over_plain_throughput"], GOAL_JOIN),
+            goal("list-view join, warm history cache / unjoined rows/s", tp["list_view_cached_over_plain_throughput"],
+                 GOAL_JOIN),
+            goal("list-view join, history cache filled in the epoch / unjoined rows/s",
+                 tp["list_view_cached_cold_over_plain_throughput"], GOAL_JOIN),
         ]
         result["goals"] = goals
         if cfg.profile:
@@ -474,6 +513,10 @@ def run(cfg: Config) -> dict[str, Any]:
             "bytes fetched count values returned by the store (heads + chunks) for 4096-row batches; the baseline "
             "fetches each unique user's whole history once per batch",
             f"throughput and lookups use {threads} threads and hot/cold column groups {GROUPS}; projection {HOT}",
+            "list_view: layout='list_view' (offsets + sizes into the batch's fetched chunks, no per-row copies); "
+            "list_view_cached: cache_bytes=CACHE_BYTES, warmed by one epoch before timing (each user's whole history "
+            "decoded once, a batch is a view of the arena); list_view_cached_cold: a fresh cache per timed epoch (every "
+            "user fetched once in it); all interleaved with the plain read and the list join, best of `repeat`",
             "long histories: batches of 16 distinct users, one row each (own `before`, uniform over days 60..365 of a "
             "one-year history); full size 2000 users x 2K, 100 x 80K, 16 x 800K events; window = 3.65 days (1% of the "
             "history) capped at 256 events",

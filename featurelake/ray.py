@@ -292,7 +292,8 @@ class _ShippedView:
     def __init__(self, view: Any) -> None:
         self.info = view.store.info
         self.io = getattr(view.store, "io", None)
-        self.args = (view.key, view.time, list(view.columns), view.max_len, view.window, view.threads, view.batch_keys)
+        self.args = (view.key, view.time, list(view.columns), view.max_len, view.window, view.threads, view.batch_keys,
+                     view.layout, view.cache_bytes)
 
     def open(self) -> Any:
         from featurelake.sequences import SequenceView

@@ -20,6 +20,10 @@ segment, not one per column (3.6x the loader's rows/s with 9 columns). Columns c
   (``batch + 1`` entries), the layout ``nn.EmbeddingBag`` takes;
 * lists of structs (sequence joins): one such tensor per struct field,
   ``name_field``, sharing ``name_lengths`` or ``name_offsets``;
+* list views (``SequenceTable.view(layout="list_view")``): as the lists
+  they view (each row's elements gathered by its offset and size, dictionary
+  strings decoded: :func:`featurelake.sequences.as_list`), so the tensors
+  match the ``list`` layout's;
 * structs: one entry per field, ``name_field``;
 * strings and anything else: a Python list.
 
@@ -139,6 +143,11 @@ def to_tensors(batch: pa.RecordBatch, lists: str = "padded", pad_value: int | fl
 
 def _convert(out: dict[str, Any], name: str, col: pa.Array, lists: str, pad_value: int | float) -> None:
     t = col.type
+    if pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
+        from featurelake.sequences.listview import as_list
+
+        col = as_list(col)
+        t = col.type
     if pa.types.is_struct(t):
         for i in range(t.num_fields):
             _convert(out, f"{name}_{t.field(i).name}", col.field(i), lists, pad_value)

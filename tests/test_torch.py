@@ -174,3 +174,34 @@ def test_readme_training_loop_runs(tmp_path, monkeypatch):
         trained = torch.nn.functional.binary_cross_entropy_with_logits(scope["model"](x).squeeze(1), y).item()
     # an untrained net scores about 0.69 (a coin flip); predicting the 5% base rate scores about 0.2
     assert trained < 0.3, trained
+
+
+@pytest.mark.parametrize("lists", ["padded", "jagged"])
+def test_list_view_joins_convert_like_list_joins(tmp_path, lists):
+    """A list-view sequence join gives the same tensors as the list join (numeric fields; strings as lists)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_sequences import events_with_ties, make_events, random_rows
+
+    lake = Lake(tmp_path / "lake")
+    st = make_events(lake)
+    st.append(events_with_ties(12, 40, seed=6))
+    st.build(chunk_events=4, column_groups=[["item_id", "dwell", "event_type"], ["tags"]])
+    keys, befores = random_rows(np.random.default_rng(6), 90, 12)
+    rows = pa.table({"sample_id": pa.array(np.arange(90, dtype=np.int64)), "user_id": pa.array(keys, pa.int64()),
+                     "ts": pa.array(befores, pa.timestamp("us"))})
+    samples = lake.create_table("ml.samples", rows.schema, primary_key="sample_id")
+    samples.append(rows)
+    for cols in (["ts", "item_id", "dwell"], ["item_id", "event_type"]):
+        kw = dict(key="user_id", time="ts", columns=cols, max_len=6)
+        ref = list(samples.batches(batch_size=32, sequences={"h": st.view(**kw)}))
+        got = list(samples.batches(batch_size=32, sequences={"h": st.view(layout="list_view", cache_bytes=1 << 20, **kw)}))
+        for r, g in zip(ref, got):
+            a, b = to_tensors(r, lists=lists, pad_value=-1), to_tensors(g, lists=lists, pad_value=-1)
+            assert a.keys() == b.keys()
+            for k in a:
+                if isinstance(a[k], torch.Tensor):
+                    assert torch.equal(a[k], b[k]), k
+                else:
+                    assert a[k] == b[k], k

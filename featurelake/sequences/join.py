@@ -1,6 +1,8 @@
 """Joining sequences onto reads: ``Table.read/batches(sequences={name: view})`` appends one list column per view.
 
-A :class:`SequenceView` (from ``SequenceTable.view()``) pairs a store build with lookup settings.
+A :class:`SequenceView` (from ``SequenceTable.view()``) pairs a store build with lookup settings and an
+output layout: ``list`` (each row's events copied out) or ``list_view`` (offsets and sizes into one shared
+pool of events, optionally a cross-batch history cache: :mod:`featurelake.sequences.listview`).
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Any, Callable, Iterator, Sequence
 import pyarrow as pa
 
 from featurelake.errors import FeatureLakeError, SchemaMismatchError
+from featurelake.sequences.listview import LAYOUTS, HistoryCache, lookup_view, view_type
 from featurelake.sequences.lookup import SequenceStore, _as_array, _window_int
 
 JOIN_SLICE_ROWS = 65_536
@@ -20,7 +23,12 @@ class SequenceView:
     """What ``Table.read/batches(sequences={name: view})`` joins: a store plus lookup settings."""
 
     def __init__(self, store: SequenceStore, key: str, time: str, columns: list[str], max_len: int | None,
-                 window: Any, threads: int, batch_keys: int) -> None:
+                 window: Any, threads: int, batch_keys: int, layout: str = "list",
+                 cache_bytes: int | None = None) -> None:
+        if layout not in LAYOUTS:
+            raise FeatureLakeError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        if cache_bytes is not None and layout != "list_view":
+            raise FeatureLakeError("cache_bytes needs layout='list_view' (cached histories are shared, not copied)")
         self.store = store
         self.key = key
         self.time = time
@@ -29,23 +37,33 @@ class SequenceView:
         self.window = window
         self.threads = threads
         self.batch_keys = batch_keys
-        self.type = store.output_type(columns)
+        self.layout = layout
+        self.cache_bytes = cache_bytes
+        self.cache = None if cache_bytes is None else HistoryCache(store, columns, cache_bytes)
+        self.type = store.output_type(columns) if layout == "list" else view_type(store, columns)
         _window_int(window, store.time_type)  # fail now, not at the first batch
         self.stats: dict[str, int] = {}
 
     def __repr__(self) -> str:
         return (f"SequenceView({self.store.info.table}@{self.store.info.snapshot_id}, key={self.key!r}, "
-                f"time={self.time!r}, columns={self.columns}, max_len={self.max_len})")
+                f"time={self.time!r}, columns={self.columns}, max_len={self.max_len}, layout={self.layout!r})")
 
-    def join(self, keys: pa.Array, times: pa.Array) -> pa.ListArray:
-        """The list column for one batch of training rows."""
+    def join(self, keys: pa.Array, times: pa.Array) -> pa.ListArray | pa.ListViewArray:
+        """The list (or list-view) column for one batch of training rows."""
         if isinstance(keys, pa.ChunkedArray):
             keys = keys.combine_chunks()
         if isinstance(times, pa.ChunkedArray):
             times = times.combine_chunks()
-        out = self.store.lookup(_as_array(keys, self.store.key_type), times, self.columns, self.max_len, self.window,
-                                self.threads, self.batch_keys)
-        for k, v in self.store.last_stats.items():
+        keys = _as_array(keys, self.store.key_type)
+        if self.cache is not None:
+            out, stats = self.cache.join(keys, times, self.max_len, self.window, self.threads, self.batch_keys)
+        elif self.layout == "list_view":
+            out, stats = lookup_view(self.store, keys, times, self.columns, self.max_len, self.window, self.threads,
+                                     self.batch_keys)
+        else:
+            out = self.store.lookup(keys, times, self.columns, self.max_len, self.window, self.threads, self.batch_keys)
+            stats = self.store.last_stats
+        for k, v in stats.items():
             self.stats[k] = self.stats.get(k, 0) + v
         return out
 

@@ -196,8 +196,8 @@ class SequenceStore:
         delta = np.zeros(n, np.int64)
         fetched: dict[int, Any] = {}
         if len(rows):
-            lo[rows], hi[rows], delta[rows], fetched = self._select(keys, rows, b, w, max_len, columns, threads,
-                                                                    batch_keys, stats)
+            lo[rows], hi[rows], delta[rows], fetched, _ = self._select(keys, rows, b, w, max_len, columns, threads,
+                                                                       batch_keys, stats)
         lengths = hi - lo
         total = int(lengths.sum())
         if total >= 1 << 31:
@@ -234,7 +234,8 @@ class SequenceStore:
         return pa.ListArray.from_arrays(pa.array(offsets), struct, type=self.output_type(columns))
 
     def _select(self, keys, rows, b, w, max_len, columns, threads, batch_keys, stats):
-        """Per valid row: [lo, hi) into the pairs' events back to back, the offset of fixed-codec slots, and the data."""
+        """Per valid row: [lo, hi) into the pairs' events back to back, the offset of fixed-codec slots, the data,
+        and each fetched pair's event count (the pool's layout)."""
         c = self.chunk_events
         kv = self.codec.values(keys if len(rows) == len(keys) else keys.take(pa.array(rows)))
         users, inv = np.unique(kv, return_inverse=True)
@@ -267,7 +268,7 @@ class SequenceStore:
         hi = np.zeros(len(rows), np.int64)
         delta = np.zeros(len(rows), np.int64)
         if not len(need):
-            return lo, hi, delta, {}
+            return lo, hi, delta, {}, np.zeros(0, np.int64)
 
         # the unique (user, chunk) pairs of the batch, in (user, chunk) order
         mn = m[need]
@@ -321,7 +322,7 @@ class SequenceStore:
         hi[need] = h
         # fixed-codec slots: a row's pairs are whole chunks except maybe the last, so one offset maps them
         delta[need] = p_lo * c - pool_off[p_lo]
-        return lo, hi, delta, fetched
+        return lo, hi, delta, fetched, counts
 
     def _pair_times(self, group0: Any, counts: np.ndarray, pool_off: np.ndarray) -> np.ndarray:
         """The time column as a (pairs, chunk_events) int64 grid (slots past a pair's count are junk)."""
@@ -516,7 +517,8 @@ def _as_array(values: Any, t: pa.DataType) -> pa.Array:
 
 def _times_to_int(arr: pa.Array, target: pa.DataType) -> tuple[np.ndarray, np.ndarray]:
     """Times as int64 in the target's unit, rounding up (no event at or after the time slips in)."""
-    valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    valid = (np.ones(len(arr), bool) if not arr.null_count
+             else np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool))
     if pa.types.is_timestamp(target):
         if pa.types.is_date(arr.type):
             arr = arr.cast(pa.timestamp("s"))
@@ -524,7 +526,8 @@ def _times_to_int(arr: pa.Array, target: pa.DataType) -> tuple[np.ndarray, np.nd
             arr = arr.cast(pa.int64()).cast(target)
         if not pa.types.is_timestamp(arr.type):
             raise SchemaMismatchError(f"times of type {arr.type} cannot bound a {target} sequence time")
-        raw = arr.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+        raw = arr.cast(pa.int64())
+        raw = (raw.fill_null(0) if raw.null_count else raw).to_numpy(zero_copy_only=False)
         src, dst = _UNIT_NS[arr.type.unit], _UNIT_NS[target.unit]
         if src > dst:
             raw = raw * (src // dst)

@@ -45,6 +45,7 @@ from featurelake.sequences.join import (  # noqa: F401  (public here as before)
     join_sequences,
     join_sequences_batches,
 )
+from featurelake.sequences.listview import HistoryCache, as_list, lookup_view
 from featurelake.sequences.lookup import DEFAULT_BATCH_KEYS, SequenceStore, _as_array
 from featurelake.sequences.store import READERS, KeyCodec
 from featurelake.guard import storage_errors
@@ -67,14 +68,17 @@ __all__ = [
     "PROP_SYNTHETIC",
     "PROP_TIME",
     "BuildInfo",
+    "HistoryCache",
     "SequenceBuildError",
     "SequenceStore",
     "SequenceTable",
     "SequenceView",
+    "as_list",
     "columns_for_join",
     "create_sequence_table",
     "join_sequences",
     "join_sequences_batches",
+    "lookup_view",
     "open_sequence_table",
 ]
 
@@ -386,16 +390,24 @@ class SequenceTable(Table):
         build: str | None = None,
         threads: int = DEFAULT_THREADS,
         batch_keys: int = DEFAULT_BATCH_KEYS,
+        layout: str = "list",
+        cache_bytes: int | None = None,
     ) -> "SequenceView":
         """A join spec for ``Table.read/batches(sequences={name: view})``.
 
         ``key`` and ``time`` name the training row's columns holding the user
         and the row's time (events strictly before it are joined). The build
         is resolved now, so every batch of an epoch sees the same store.
+        ``layout="list_view"`` joins an Arrow list-view column (offsets and
+        sizes into one pool of events shared by the batch's rows, dictionary
+        strings as codes) instead of copying each row's events;
+        ``cache_bytes`` (list views only) keeps decoded whole histories across
+        batches up to about that many bytes. ``featurelake.sequences.as_list``
+        turns a list view into the ``list`` layout's column.
         """
         store = self.open_store(branch, snapshot_id, build)
         cols = store.check_columns(columns)
-        return SequenceView(store, key, time, cols, max_len, window, threads, batch_keys)
+        return SequenceView(store, key, time, cols, max_len, window, threads, batch_keys, layout, cache_bytes)
 
     def store_stats(self, branch: str = MAIN) -> dict[str, Any]:
         """Table figures, the builds, and the bytes an event costs in each stored component.

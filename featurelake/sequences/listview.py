@@ -1,0 +1,434 @@
+"""List-view joins: each row's history as (offset, size) into one shared pool of events, not a copy.
+
+Why: rows of one user share that user's events, and a 4,096-row batch with
+256-event histories materialises about a million events when every row gets
+its own copy (``list`` layout). An Arrow ``list_view`` column holds an
+offset and a size per row into one values array, ranges may overlap, so the
+per-row work is a search of the row's time in its user's time run, O(rows)
+numpy, and the events are stored once.
+
+Two ways to fill the pool:
+
+* :func:`lookup_view` (``SequenceTable.view(layout="list_view")``): the
+  same chunk selection as :meth:`SequenceStore.lookup` (heads, chunks,
+  ``before`` / ``max_len`` / window cuts); the fetched chunks are the pool,
+  so nothing is gathered per row.
+* :class:`HistoryCache` (``layout="list_view", cache_bytes=N``): each user's
+  whole decoded history is kept in one append-only arena across batches, so
+  a user is fetched and decoded once per arena (per epoch when it fits);
+  a batch's column is a zero-copy view of the arena. When the arena would
+  pass ``cache_bytes`` it is dropped and refilled (batches already handed
+  out keep their own reference). It needs fixed-size column codecs, and
+  fetches whole histories: meant for bounded histories, not lifetime logs.
+
+Dictionary-coded string columns come out as ``dictionary<uint16, string>``
+(the codes are the stored bytes). :func:`as_list` turns a list view into
+the ``list`` layout's exact type and values (pyarrow 26's own
+``cast(list_view -> list)`` returns an invalid array, so it is not used).
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from featurelake.errors import FeatureLakeError
+from featurelake.sequences.lookup import SequenceStore, _before_ints, _window_int
+from featurelake.sequences.store import FixedCodec
+
+LAYOUTS = ("list", "list_view")
+_MAX_POOL = (1 << 31) - 1
+
+
+# ------------------------------------------------------------------- types
+def view_fields(store: SequenceStore, columns: Sequence[str]) -> list[pa.Field]:
+    """The struct fields of a list-view column: dictionary-coded columns keep their codes."""
+    out = []
+    for col in columns:
+        f = store._field(col)
+        cd = store.codecs[store.group_of[col]]
+        if isinstance(cd, FixedCodec) and col in cd.dictionaries:
+            f = pa.field(f.name, pa.dictionary(pa.uint16(), f.type), f.nullable, f.metadata)
+        out.append(f)
+    return out
+
+
+def view_type(store: SequenceStore, columns: Sequence[str]) -> pa.DataType:
+    return pa.list_view(pa.struct(view_fields(store, columns)))
+
+
+def _fixed_column(cd: FixedCodec, name: str, vals: np.ndarray, bitmap: pa.Buffer | None, n: int,
+                  packed_bools: bool = False) -> pa.Array:
+    """One column over ``n`` decoded slots, zero-copy (dictionary columns as their uint16 codes)."""
+    f = cd.schema.field(name)
+    if name in cd.dictionaries:
+        codes = pa.Array.from_buffers(pa.uint16(), n, [bitmap, pa.py_buffer(vals)])
+        return pa.DictionaryArray.from_arrays(codes, cd._dict_arrays[name], safe=False)
+    if pa.types.is_boolean(f.type):
+        data = vals if packed_bools else np.packbits(vals.view(np.bool_), bitorder="little")
+        return pa.Array.from_buffers(pa.bool_(), n, [bitmap, pa.py_buffer(data)])
+    return pa.Array.from_buffers(f.type, n, [bitmap, pa.py_buffer(vals)])
+
+
+def _bitmap(valid: np.ndarray | None) -> pa.Buffer | None:
+    if valid is None or valid.all():
+        return None
+    return pa.py_buffer(np.packbits(valid, bitorder="little"))
+
+
+def _list_view(n: int, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, values: pa.Array,
+               typ: pa.DataType) -> pa.ListViewArray:
+    sizes = np.zeros(n, np.int32)
+    offsets = np.zeros(n, np.int32)
+    size = (hi - lo).astype(np.int32)
+    sizes[rows] = size
+    offsets[rows] = np.where(size > 0, lo, 0)
+    return pa.ListViewArray.from_arrays(pa.array(offsets), pa.array(sizes), values, type=typ)
+
+
+def _prepare(store: SequenceStore, keys: pa.Array, before: Any, max_len: int | None, window: Any):
+    if max_len is not None and (isinstance(max_len, bool) or int(max_len) < 0):
+        raise FeatureLakeError(f"max_len must be a non-negative int or None, not {max_len!r}")
+    n = len(keys)
+    b, b_valid = _before_ints(before, n, store.time_type)
+    w = _window_int(window, store.time_type)
+    if w is not None and b is None:
+        raise FeatureLakeError("a window counts back from `before`: give before= too")
+    if not keys.null_count and (b_valid is None or b_valid.all()):
+        return n, b, w, np.arange(n)
+    valid = np.asarray(keys.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    if b_valid is not None:
+        valid &= b_valid
+    return n, b, w, np.flatnonzero(valid)
+
+
+def _new_stats(n: int) -> dict[str, int]:
+    return {"rows": n, "users": 0, "head_bytes": 0, "chunk_bytes": 0, "chunk_values": 0, "events": 0,
+            "decoded_bytes": 0, "pool_events": 0}
+
+
+# ------------------------------------------------------------ no cache
+def lookup_view(store: SequenceStore, keys: pa.Array, before: Any, columns: Sequence[str], max_len: int | None,
+                window: Any, threads: int, batch_keys: int) -> tuple[pa.ListViewArray, dict[str, int]]:
+    """:meth:`SequenceStore.lookup` as a list view over the fetched chunks (same selection, no per-row copy)."""
+    columns = store.check_columns(columns)
+    n, b, w, rows = _prepare(store, keys, before, max_len, window)
+    stats = _new_stats(n)
+    typ = view_type(store, columns)
+    fields = view_fields(store, columns)
+    lo = hi = np.zeros(0, np.int64)
+    fetched: dict[int, Any] = {}
+    counts = np.zeros(0, np.int64)
+    if len(rows):
+        lo, hi, delta, fetched, counts = store._select(keys, rows, b, w, max_len, columns, threads, batch_keys, stats)
+    c = store.chunk_events
+    fixed = [isinstance(store.codecs[store.group_of[col]], FixedCodec) for col in columns]
+    pool = int(counts.sum())
+    if pool == 0:
+        values = pa.StructArray.from_arrays([pa.nulls(0, f.type) for f in fields], fields=fields)
+        lo = hi = np.zeros(len(rows), np.int64)
+    elif all(fixed):  # the padded chunk slots are the pool: a row's events are contiguous in them
+        slots = len(counts) * c
+        if slots > _MAX_POOL:
+            raise FeatureLakeError("a list-view lookup fetched more than 2**31 event slots: use smaller batches")
+        arrays = []
+        for col in columns:
+            g = store.group_of[col]
+            vals, ok = fetched[g][col]
+            arrays.append(_fixed_column(store.codecs[g], col, vals, _bitmap(ok), slots))
+        values = pa.StructArray.from_arrays(arrays, fields=fields)
+        lo, hi = lo + delta, hi + delta
+    else:  # IPC groups are back to back: gather fixed-codec columns into the same order (one take per pool)
+        if pool > _MAX_POOL:
+            raise FeatureLakeError("a list-view lookup fetched more than 2**31 events: use smaller batches")
+        pool_off = np.zeros(len(counts) + 1, np.int64)
+        np.cumsum(counts, out=pool_off[1:])
+        slot = np.repeat(np.arange(len(counts), dtype=np.int64) * c - pool_off[:-1], counts) + np.arange(pool)
+        arrays = []
+        for col, is_fixed in zip(columns, fixed):
+            g = store.group_of[col]
+            if is_fixed:
+                vals, ok = fetched[g][col]
+                arrays.append(_fixed_column(store.codecs[g], col, np.ascontiguousarray(vals[slot]),
+                                            _bitmap(None if ok is None else ok[slot]), pool))
+            else:
+                arrays.append(fetched[g].column(col).combine_chunks())
+        values = pa.StructArray.from_arrays(arrays, fields=fields)
+    stats["events"] = int((hi - lo).sum())
+    stats["pool_events"] = pool
+    return _list_view(n, rows, lo, hi, values, typ), stats
+
+
+# --------------------------------------------------------------- cache
+class HistoryCache:
+    """Whole decoded histories of the users seen so far, in one append-only arena shared by batches.
+
+    Thread-safe (the background join workers share it). Each user's events
+    start at a multiple of 8 slots, so validity and boolean bitmaps are
+    packed once, on append. ``cache_bytes`` bounds the arena: when a batch's
+    new users would pass it, the arena is dropped and refilled with that
+    batch's users (a single batch may still exceed it).
+    """
+
+    def __init__(self, store: SequenceStore, columns: Sequence[str], cache_bytes: int) -> None:
+        if isinstance(cache_bytes, bool) or int(cache_bytes) <= 0:
+            raise FeatureLakeError(f"cache_bytes must be a positive int, not {cache_bytes!r}")
+        self.store = store
+        self.columns = list(columns)
+        self.cols = self.columns + ([store.time] if store.time not in self.columns else [])
+        for col in self.cols:
+            if not isinstance(store.codecs[store.group_of[col]], FixedCodec):
+                raise FeatureLakeError(
+                    f"the history cache needs fixed-size column codecs; column {col!r} is stored as Arrow IPC "
+                    "(view it without cache_bytes, or build with codecs='auto' and fixed-width columns)")
+        self.layout = {col: store.codecs[store.group_of[col]].layout[col] for col in self.cols}
+        self.bools = {col for col in self.cols if pa.types.is_boolean(store._field(col).type)}
+        per_event = sum(dt.itemsize for _, dt, _ in self.layout.values()) + len(self.cols)  # + bitmaps (upper bound)
+        self.max_events = max(8, min(_MAX_POOL - 8, int(cache_bytes) // per_event))
+        self.fields = view_fields(store, self.columns)
+        self.type = pa.list_view(pa.struct(self.fields))
+        self.lock = threading.Lock()
+        self.resets = -1
+        self._reset()
+
+    def _reset(self) -> None:
+        self.keys = np.empty(0, np.int64 if self.store.codec.kind == "int" else object)  # sorted
+        self.ordinal = np.empty(0, np.int64)   # per sorted key: its segment (users in arena order)
+        self.seg_start = np.empty(0, np.int64)
+        self.seg_count = np.empty(0, np.int64)
+        self.seg_first = np.empty(0, np.int64)  # first event time (0 when none)
+        self.seg_range = np.empty(0, np.int64)  # last - first time
+        self.span = 1  # search key of a slot: segment * span + (time - segment's first time); None: too wide
+        self.comp = np.empty(0, np.int64)
+        self.size = 0
+        self.data = {col: np.empty(0, np.uint8 if col in self.bools else dt) for col, (_, dt, _) in self.layout.items()}
+        self.bits = {col: np.empty(0, np.uint8) for col, (_, _, voff) in self.layout.items() if voff is not None}
+        self.resets += 1
+
+    def _grow(self, events: int) -> None:
+        cap = len(self.data[self.store.time])
+        if events <= cap:
+            return
+        cap = max(events, min(self.max_events, 2 * cap), 1024)
+        cap = (cap + 7) & ~7
+        for col, arr in self.data.items():
+            new = np.empty(cap // 8 if col in self.bools else cap, arr.dtype)
+            used = self.size // 8 if col in self.bools else self.size
+            new[:used] = arr[:used]
+            self.data[col] = new
+        for col, arr in self.bits.items():
+            new = np.empty(cap // 8, np.uint8)
+            new[: self.size // 8] = arr[: self.size // 8]
+            self.bits[col] = new
+        if self.span is not None:
+            new = np.empty(cap, np.int64)
+            new[: self.size] = self.comp[: self.size]
+            self.comp = new
+
+    def _fetch(self, keys: pa.Array, threads: int, batch_keys: int, stats: dict):
+        """Whole histories of ``keys`` (distinct users): event counts and where each event sits in the chunks."""
+        lo, hi, delta, fetched, _ = self.store._select(keys, np.arange(len(keys)), None, None, None, self.cols,
+                                                       threads, batch_keys, stats)
+        return hi - lo, lo + delta, fetched
+
+    def _search_keys(self, seg0: int, seg1: int, span: int) -> np.ndarray:
+        """The search keys of segments [seg0, seg1) (their slots back to back): sorted across the arena."""
+        starts, counts = self.seg_start[seg0:seg1], self.seg_count[seg0:seg1]
+        ends = np.append(starts[1:], self.size if seg1 == len(self.seg_start) else self.seg_start[seg1])
+        width = ends - starts
+        seg = np.repeat(np.arange(seg0, seg1, dtype=np.int64), width)
+        local = np.arange(int(width.sum()), dtype=np.int64) - np.repeat(starts - starts[0] if len(starts) else starts, width)
+        a = int(starts[0]) if len(starts) else 0
+        t = self.data[self.store.time][a : a + len(seg)].astype(np.int64, copy=False)
+        real = local < np.repeat(counts, width)
+        return seg * span + np.where(real, t - np.repeat(self.seg_first[seg0:seg1], width), span - 1)
+
+    def _append(self, users: np.ndarray, got) -> None:
+        n, src0, fetched = got
+        width = (n + 7) & ~7
+        starts = self.size + np.cumsum(width) - width
+        total = int(width.sum())
+        self._grow(self.size + total)
+        m = int(n.sum())
+        a, z = self.size, self.size + total
+        times = self.data[self.store.time]
+        if m:
+            ramp = np.arange(m, dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
+            src = np.repeat(src0, n) + ramp
+            dst = np.repeat(starts - self.size, n) + ramp  # into the new region
+            for col in self.cols:
+                vals, ok = fetched[self.store.group_of[col]][col]
+                if col in self.bools:
+                    flags = np.zeros(total, bool)
+                    flags[dst] = vals.view(np.bool_)[src]
+                    self.data[col][a // 8 : z // 8] = np.packbits(flags, bitorder="little")
+                else:
+                    self.data[col][a + dst] = vals[src]
+                if col in self.bits:
+                    flags = np.zeros(total, bool)
+                    flags[dst] = ok[src]
+                    self.bits[col][a // 8 : z // 8] = np.packbits(flags, bitorder="little")
+        has = n > 0
+        first = np.where(has, times[np.where(has, starts, 0)].astype(np.int64), 0) if len(n) else np.zeros(0, np.int64)
+        last = np.where(has, times[np.where(has, starts + n - 1, 0)].astype(np.int64), 0) if len(n) else first
+        seg0 = len(self.seg_start)
+        self.seg_start = np.concatenate([self.seg_start, starts])
+        self.seg_count = np.concatenate([self.seg_count, n])
+        self.seg_first = np.concatenate([self.seg_first, first])
+        self.seg_range = np.concatenate([self.seg_range, last - first])
+        self.size = z
+        if self.span is not None:
+            need = int(self.seg_range.max()) + 2 if len(self.seg_range) else 1
+            span = self.span if need <= self.span else max(need, 2 * self.span)
+            if len(self.seg_start) * span >= 1 << 62:  # keys would overflow: per-row binary search instead
+                self.span = None
+            elif span != self.span:  # wider: new keys for the whole arena (a new array: batches may be reading)
+                comp = np.empty(len(self.comp), np.int64)
+                comp[:z] = self._search_keys(0, len(self.seg_start), span)
+                self.comp, self.span = comp, span
+            else:
+                self.comp[a:z] = self._search_keys(seg0, len(self.seg_start), span)
+        keys = np.concatenate([self.keys, users])
+        order = np.argsort(keys, kind="stable")
+        self.keys = keys[order]
+        self.ordinal = np.concatenate([self.ordinal, np.arange(seg0, len(self.seg_start), dtype=np.int64)])[order]
+
+    def _find(self, kv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if kv.dtype == object:
+            pos = np.searchsorted(self.keys, kv)
+        else:  # sorted queries search faster
+            order = np.argsort(kv)
+            pos = np.empty(len(kv), np.int64)
+            pos[order] = np.searchsorted(self.keys, kv[order])
+        hit = pos < len(self.keys)
+        hit[hit] = self.keys[pos[hit]] == kv[hit]
+        return pos, hit
+
+    def join(self, keys: pa.Array, before: Any, max_len: int | None, window: Any, threads: int,
+             batch_keys: int) -> tuple[pa.ListViewArray, dict[str, int]]:
+        """One batch's list-view column over the arena (fetching the users it has not seen)."""
+        store = self.store
+        n, b, w, rows = _prepare(store, keys, before, max_len, window)
+        stats = _new_stats(n)
+        stats.update(cache_hits=0, cache_misses=0)
+        lo = hi = np.zeros(0, np.int64)
+        with self.lock:
+            if len(rows):
+                sel = keys if len(rows) == n else keys.take(pa.array(rows))
+                kv = store.codec.values(sel)
+                pos, hit = self._find(kv)
+                if not hit.all():
+                    miss_rows = np.flatnonzero(~hit)
+                    users, first = np.unique(kv[miss_rows], return_index=True)
+                    first = miss_rows[first]
+                    stats["cache_misses"] = len(users)
+                    got = self._fetch(sel.take(pa.array(first)), threads, batch_keys, stats)
+                    if self.size and self.size + int(((got[0] + 7) & ~7).sum()) > self.max_events:
+                        self._reset()  # refill with this batch's users only
+                        old_rows = np.flatnonzero(hit)
+                        if len(old_rows):
+                            old, ofirst = np.unique(kv[old_rows], return_index=True)
+                            self._append(old, self._fetch(sel.take(pa.array(old_rows[ofirst])), threads, batch_keys,
+                                                          stats))
+                    self._append(users, got)
+                    pos, hit = self._find(kv)
+                stats["cache_hits"] = len(rows) - stats["cache_misses"]
+                seg = self.ordinal[pos]
+                s = self.seg_start[seg]
+                e = s + self.seg_count[seg]
+                f = self.seg_first[seg]
+            size, span, comp = self.size, self.span, self.comp
+            data = {col: self.data[col] for col in self.cols}
+            bits = {col: self.bits[col] for col in self.bits}
+        if len(rows):
+            times = data[store.time][:size]
+            if b is None:
+                h = e
+            else:
+                br = b[rows]
+                h = self._search(comp, size, span, times, seg, s, e, f, br)
+            lo = s if max_len is None else np.maximum(s, h - int(max_len))
+            if w is not None:
+                lo = np.maximum(lo, self._search(comp, size, span, times, seg, s, h, f, br - w))
+            lo, hi = np.minimum(lo, h), h
+        arrays = []
+        for col, fld in zip(self.columns, self.fields):
+            cd = store.codecs[store.group_of[col]]
+            vals = data[col][: size // 8 if col in self.bools else size]
+            bm = bits.get(col)
+            arrays.append(_fixed_column(cd, col, vals, None if bm is None else pa.py_buffer(bm[: size // 8]), size,
+                                        packed_bools=True))
+        values = pa.StructArray.from_arrays(arrays, fields=self.fields)
+        stats["events"] = int((hi - lo).sum())
+        stats["pool_events"] = size
+        return _list_view(n, rows, lo, hi, values, self.type), stats
+
+    @staticmethod
+    def _search(comp, size, span, times, seg, s, e, first, q) -> np.ndarray:
+        """Per row: the first slot in [s, e) whose time is >= q (one searchsorted over the arena's search keys)."""
+        if span is None:
+            return _bisect(times, s, e, q)
+        key = seg * span + np.clip(q - first, 0, span - 1)
+        order = np.argsort(key)  # sorted queries: each search starts where the last ended (5x faster here)
+        out = np.empty(len(key), np.int64)
+        out[order] = np.searchsorted(comp[:size], key[order])
+        return np.clip(out, s, e)
+
+
+def _bisect(times: np.ndarray, lo: np.ndarray, hi: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Per query: the first position in ``times[lo[i]:hi[i]]`` (sorted) with a value >= ``q[i]`` (vectorised)."""
+    lo = lo.astype(np.int64, copy=True)
+    hi = hi.astype(np.int64, copy=True)
+    idx = np.flatnonzero(lo < hi)
+    while len(idx):
+        mid = (lo[idx] + hi[idx]) >> 1
+        less = times[mid] < q[idx]
+        lo[idx[less]] = mid[less] + 1
+        hi[idx[~less]] = mid[~less]
+        idx = idx[lo[idx] < hi[idx]]
+    return lo
+
+
+# ---------------------------------------------------------- conversion
+def list_type(t: pa.DataType) -> pa.DataType:
+    """The ``list`` layout's type for a list-view type (dictionary fields decoded)."""
+    v = t.value_type
+    if pa.types.is_struct(v):
+        v = pa.struct([pa.field(f.name, f.type.value_type if pa.types.is_dictionary(f.type) else f.type, f.nullable,
+                                f.metadata) for f in v])
+    elif pa.types.is_dictionary(v):
+        v = v.value_type
+    return pa.list_(pa.field(t.value_field.name, v, t.value_field.nullable))
+
+
+def as_list(arr: Any) -> Any:
+    """A list-view array (or chunked array) as a plain list array: each row's events copied out, dictionaries decoded.
+
+    Other arrays are returned unchanged. Null list views stay null.
+    """
+    if isinstance(arr, pa.ChunkedArray):
+        if not (pa.types.is_list_view(arr.type) or pa.types.is_large_list_view(arr.type)):
+            return arr
+        return pa.chunked_array([as_list(c) for c in arr.chunks], type=list_type(arr.type))
+    if not (pa.types.is_list_view(arr.type) or pa.types.is_large_list_view(arr.type)):
+        return arr
+    valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    offs = np.asarray(arr.offsets.to_numpy(zero_copy_only=False), np.int64)
+    sizes = np.where(valid, np.asarray(arr.sizes.to_numpy(zero_copy_only=False), np.int64), 0)
+    total = int(sizes.sum())
+    out_off = np.zeros(len(arr) + 1, np.int64)
+    np.cumsum(sizes, out=out_off[1:])
+    idx = np.repeat(offs - out_off[:-1], sizes) + np.arange(total, dtype=np.int64)
+    values = arr.values.take(pa.array(idx))
+    typ = list_type(arr.type)
+    if pa.types.is_struct(values.type):
+        values = pa.StructArray.from_arrays(
+            [values.field(i).cast(f.type) for i, f in enumerate(typ.value_type)], fields=list(typ.value_type))
+    else:
+        values = values.cast(typ.value_type)
+    if total >= 1 << 31:
+        raise FeatureLakeError("a list view with more than 2**31 events cannot become a list: slice it first")
+    mask = None if valid.all() else pa.array(~valid)
+    return pa.ListArray.from_arrays(pa.array(out_off.astype(np.int32)), values, type=typ, mask=mask)
