@@ -140,18 +140,25 @@ class SeaweedServer:
         The server updates a counter just after it answers, so the end waits
         until two readings 50 ms apart agree.
         """
-        before = self.request_counts()
+        before = self._settled_counts()  # requests answered before the block may still be counting
         found: Counter = Counter()
         yield found
-        after = self.request_counts()
-        for _ in range(40):
-            time.sleep(0.05)
-            again = self.request_counts()
-            if again == after:
-                break
-            after = again
+        after = self._settled_counts()
         found.update(after - before)
         found["total"] = sum(v for k, v in found.items() if k != "total")
+
+    def _settled_counts(self) -> Counter:
+        """The request counters once three readings 100 ms apart agree (a loaded machine lags)."""
+        last = self.request_counts()
+        agreed = 0
+        for _ in range(40):
+            time.sleep(0.1)
+            again = self.request_counts()
+            agreed = agreed + 1 if again == last else 0
+            if agreed == 2:
+                break
+            last = again
+        return last
 
     def start(self, timeout: float = 60.0) -> "SeaweedServer":
         binary = weed_binary()
