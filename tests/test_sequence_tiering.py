@@ -93,11 +93,8 @@ def test_incremental_build_references_the_cold_segments_and_serves_new_events(ba
     assert st.lookup(keys, before=befores, columns=ALL, max_len=40).to_pylist() == oracle(stored, keys, befores, ALL, 40)
 
 
-def test_second_lookup_reads_nothing_remote(seaweed, tmp_path):
-    from backends import Backend
-    from conftest import _s3_lake
-
-    backend = Backend("s3", _s3_lake(seaweed, tmp_path), seaweed.filesystem())
+@pytest.mark.parametrize("backend", [pytest.param("s3", marks=pytest.mark.s3)], indirect=True)
+def test_second_lookup_reads_nothing_remote(seaweed, backend):
     st = make_events(backend.lake)
     st.append(events_with_ties(20, 200, seed=2))
     info = st.build(chunk_events=8, tier_after=1)
