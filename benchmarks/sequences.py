@@ -250,7 +250,7 @@ def assembly_floor(samples, view, cols: list[str], repeat: int) -> float:
     and build the list<struct> column -- no store, no decode, no selection.
     No join that materializes the lists can run faster on this machine.
     """
-    from featurelake.sequences.store import FixedCodec
+    from featurelake.sequences.codecs import FixedCodec
 
     batches = list(samples.batches(columns=cols, batch_size=BATCH, sequences={"hist": view}))
     store = view.store

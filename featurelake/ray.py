@@ -521,7 +521,7 @@ class _SequenceBuilder:
     def __call__(self, st: "SequenceTable", ice: IcebergTable, snap: Any, layout: Any, backend: Any, tmp: Any, bucket_rows: int):
         from featurelake.sequences.build import _full_build, bounds_from_sample
         from featurelake.sequences.layout import _as_lists
-        from featurelake.sequences.store import DICT_MAX
+        from featurelake.sequences.codecs import DICT_MAX
 
         scan = st.scan(layout.scan_columns, snapshot_id=snap.snapshot_id, ice=ice)
         units = scan.tasks()

@@ -296,7 +296,8 @@ def test_packed_codec_plans_only_what_it_can_store_and_refuses_damage():
 # ------------------------------------------------------- RocksDB compression
 def test_store_compression_options_and_older_builds(lake):
     from featurelake.errors import CorruptFileError, FeatureLakeError
-    from featurelake.sequences.store import RocksDBBackend, backend_from_dict, codec_from_dict
+    from featurelake.sequences.codecs import codec_from_dict
+    from featurelake.sequences.store import RocksDBBackend, backend_from_dict
 
     st = make_events(lake)
     events = events_with_ties(30, 80, seed=17)

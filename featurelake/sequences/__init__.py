@@ -57,7 +57,8 @@ The package is split by concept; this ``__init__`` re-exports the public face:
 * :mod:`featurelake.sequences.lookup` -- :class:`SequenceStore`: one build opened
   for serving, and the conversion of keys, times and windows.
 * :mod:`featurelake.sequences.store` -- the key-value interface, RocksDB behind it,
-  and the key and value codecs; :mod:`featurelake.sequences.packed` -- the
+  and the key codec; :mod:`featurelake.sequences.codecs` -- the fixed and IPC chunk codecs;
+  :mod:`featurelake.sequences.packed` -- the
   byte-plane codec for groups with list columns.
 * :mod:`featurelake.sequences.features` -- entity feature tables (:class:`FeatureTable`:
   versions of item, author or ad features and embeddings) built into the same store, and

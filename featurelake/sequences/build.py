@@ -40,10 +40,8 @@ from featurelake.sequences.layout import (
     _sort_events,
     _uniques,
 )
+from featurelake.sequences.codecs import FixedCodec, fixed_dtype, is_string
 from featurelake.sequences.store import (
-    FixedCodec,
-    fixed_dtype,
-    is_string,
     KeyCodec,
     RocksDBBackend,
     StoreBackend,

@@ -20,7 +20,7 @@ import pyarrow.ipc as ipc
 from featurelake import refs
 from featurelake.errors import FeatureLakeError
 from featurelake.sequences.packed import PackedCodec
-from featurelake.sequences.store import codec_from_dict
+from featurelake.sequences.codecs import codec_from_dict
 from featurelake.storage import storage_of
 
 BUILD_FORMAT = 2          # 2: two-level heads for users with more than HEAD_FANOUT chunks

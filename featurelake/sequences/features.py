@@ -46,7 +46,7 @@ from featurelake.sequences.build import build_store
 from featurelake.sequences.buildinfo import DEFAULT_THREADS, BuildInfo, SequenceBuildError
 from featurelake.sequences.featurejoin import FeatureView
 from featurelake.sequences.lookup import DEFAULT_BATCH_KEYS, _as_array
-from featurelake.sequences.store import fixed_dtype, is_string
+from featurelake.sequences.codecs import fixed_dtype, is_string
 from featurelake.sequences.table import SequenceTable, create_sequence_table
 from featurelake.table import MAIN, _chunks
 

@@ -34,7 +34,8 @@ import pyarrow.compute as pc
 
 from featurelake.errors import FeatureLakeError, SchemaMismatchError
 from featurelake.sequences.packed import PackedCodec
-from featurelake.sequences.store import DICT_MAX, HEAD_FANOUT, FixedCodec, IpcCodec, KeyCodec, fixed_dtype, is_string
+from featurelake.sequences.codecs import DICT_MAX, FixedCodec, IpcCodec, fixed_dtype, is_string
+from featurelake.sequences.store import HEAD_FANOUT, KeyCodec
 
 if TYPE_CHECKING:
     from featurelake.sequences.tiering import SegmentWriter

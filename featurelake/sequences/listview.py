@@ -36,7 +36,7 @@ import pyarrow as pa
 
 from featurelake.errors import FeatureLakeError
 from featurelake.sequences.lookup import SequenceStore, _before_ints, _window_int
-from featurelake.sequences.store import FixedCodec
+from featurelake.sequences.codecs import FixedCodec
 
 LAYOUTS = ("list", "list_view")
 _MAX_POOL = (1 << 31) - 1

@@ -28,7 +28,8 @@ import pyarrow as pa
 from featurelake.errors import CorruptFileError, FeatureLakeError, SchemaMismatchError
 from featurelake.sequences.buildinfo import BUILD_FORMAT, DEFAULT_THREADS, READ_FORMATS, BuildInfo, SequenceBuildError
 from featurelake.sequences.layout import _int_times
-from featurelake.sequences.store import HEAD_FANOUT, READERS, FixedCodec, KeyCodec, backend_from_dict
+from featurelake.sequences.codecs import FixedCodec
+from featurelake.sequences.store import HEAD_FANOUT, READERS, KeyCodec, backend_from_dict
 
 DEFAULT_BATCH_KEYS = 512     # keys per multi-get call (RocksDB: 256-1024 beat bigger calls)
 PARALLEL_EVENTS = 1 << 16    # below this many events a lookup assembles its columns in the calling thread:

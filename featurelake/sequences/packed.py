@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from featurelake.errors import CorruptFileError, FeatureLakeError
-from featurelake.sequences.store import fixed_dtype
+from featurelake.sequences.codecs import fixed_dtype
 
 
 def _is_list(t: pa.DataType) -> bool:
