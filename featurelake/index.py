@@ -360,7 +360,7 @@ def lookup(io: FileIO, segments: Sequence[dict], probe: np.ndarray, live: set[st
         live_mask = np.fromiter((path in live for path in opened.files), dtype=bool, count=len(opened.files))
         if not live_mask.any():
             continue
-        remap = np.cumsum(live_mask) - 1 + len(names)
+        remap = (np.cumsum(live_mask) - 1 + len(names)).astype(np.int32)
         used = False
         buckets = opened.buckets_for(keys)
         # each bucket is probed only with the keys inside its key range (keys are sorted)

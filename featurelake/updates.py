@@ -274,11 +274,11 @@ def _check_locators(table: "Table", ice: IcebergTable, head: Snapshot, data: pa.
     return groups
 
 
-def _groups(rows: pa.Table) -> list[tuple[str, pa.Table]]:
-    """Rows split per data file, each sorted by position."""
+def _groups(rows: pa.Table, ordered: bool = False) -> list[tuple[str, pa.Table]]:
+    """Rows split per data file, each sorted by position (``ordered``: they are already, see ``located_rows``)."""
     files = _file_indices(rows.column(LOCATOR_FILE))
     file_idx = files.indices.to_numpy(zero_copy_only=False)
-    order = _locator_order(files, rows.column(LOCATOR_POS).to_numpy())
+    order = None if ordered else _locator_order(files, rows.column(LOCATOR_POS).to_numpy())
     if order is not None:
         rows = rows.take(pa.array(order))
         file_idx = file_idx[order]
@@ -464,6 +464,7 @@ def apply_column_updates(
             rows = values
         else:
             rows = _locate_by_key(table, ice, head, values, on_unknown, report)
+            groups = _groups(rows, ordered=True)  # located_rows put them in (file, position) order
         if rows.num_rows == 0:
             report.snapshot_id = head.snapshot_id
             return report
