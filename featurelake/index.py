@@ -361,6 +361,7 @@ def lookup(io: FileIO, segments: Sequence[dict], probe: np.ndarray, live: set[st
         if not live_mask.any():
             continue
         remap = (np.cumsum(live_mask) - 1 + len(names)).astype(np.int32)
+        all_live, offset = bool(live_mask.all()), len(names)
         used = False
         buckets = opened.buckets_for(keys)
         # each bucket is probed only with the keys inside its key range (keys are sorted)
@@ -372,10 +373,15 @@ def lookup(io: FileIO, segments: Sequence[dict], probe: np.ndarray, live: set[st
                 continue
             seg_files = entries.f if idx is None else entries.f[idx]
             seg_pos = entries.p if idx is None else entries.p[idx]
-            keep = live_mask[seg_files]
-            if keep.all():
+            keep = None if all_live else live_mask[seg_files]
+            if keep is None or keep.all():
                 rows.append(hit_rows)
-                file_ids.append(remap[seg_files].astype(np.int32, copy=False))
+                if not all_live:
+                    file_ids.append(remap[seg_files])
+                elif offset:  # every file of the segment live: its numbers shift by the names before it
+                    file_ids.append(seg_files.astype(np.int32) + np.int32(offset))
+                else:
+                    file_ids.append(seg_files.astype(np.int32, copy=False))
                 positions.append(seg_pos)
                 used = True
                 continue
