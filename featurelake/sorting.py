@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["argsort", "sort", "is_sorted"]
+__all__ = ["argsort", "sort", "is_sorted", "distinct_runs"]
 
 # Up to this share of descents the input is "a few runs": timsort merges them faster than a quicksort.
 _FEW_RUNS = 1 / 1024
@@ -48,3 +48,29 @@ def sort(v: np.ndarray) -> np.ndarray:
     if d <= max(16, int(len(v) * _FEW_RUNS)):
         return np.sort(v, kind="stable")
     return np.sort(v)
+
+
+_MAX_RUNS = 256  # beyond this many ascending runs the linear check gives up (the caller sorts)
+
+
+def distinct_runs(v: np.ndarray) -> bool:
+    """True when ``v`` provably holds no value twice, checked in linear time; False means "not shown".
+
+    Keys from a scan come as a few strictly ascending runs (one per data
+    file) over disjoint key ranges: then no value repeats, and one pass
+    shows it without sorting. Anything else (a repeat inside a run, runs
+    whose ranges overlap, many runs) answers False and the caller sorts.
+    """
+    if v.dtype.kind not in "iu":  # floats (an integer column with nulls): NaN compares false everywhere
+        return False
+    n = len(v)
+    if n < 2:
+        return True
+    breaks = np.flatnonzero(v[1:] <= v[:-1])  # where a strictly ascending run ends
+    if len(breaks) > _MAX_RUNS:
+        return False
+    starts = np.concatenate([[0], breaks + 1])
+    ends = np.concatenate([breaks, [n - 1]])
+    lo, hi = v[starts], v[ends]
+    order = np.argsort(lo, kind="stable")
+    return bool((hi[order][:-1] < lo[order][1:]).all())

@@ -53,7 +53,7 @@ from featurelake.schema import (
 )
 from featurelake.state import STATE_KEY, StateWriter, UpdateEntry, summary_props
 from featurelake.storage import storage_of
-from featurelake.threads import Pending, run_all, start_all
+from featurelake.threads import MAX_THREADS, Pending, run_all, start_all
 from featurelake.writer_settings import WriterSettings
 
 if TYPE_CHECKING:
@@ -246,7 +246,10 @@ def _locator_order(files: pa.ChunkedArray | pa.Array, positions: np.ndarray) -> 
     if positions.dtype.kind != "i" or positions.min() < 0 or positions.max() >= (1 << _POS_BITS) or len(encoded.dictionary) >= (1 << 22):
         order = np.lexsort((positions, file_idx))
         return None if sorting.is_sorted(order) else order
-    return sorting.argsort((file_idx.astype(np.int64) << _POS_BITS) | positions)
+    composite = file_idx.astype(np.int64)
+    composite <<= _POS_BITS
+    composite |= positions
+    return sorting.argsort(composite)
 
 
 def _check_locators(table: "Table", ice: IcebergTable, head: Snapshot, data: pa.Table) -> list[tuple[str, pa.Table]]:
@@ -397,6 +400,9 @@ def _job_positions(job: UpdateFileJob) -> pa.Array | None:
     return None if job.dense else job.rows.column(LOCATOR_POS).combine_chunks()
 
 
+# Background uploads leave pool workers free: the state's pack uploads meanwhile (state.StateWriter.write),
+# not queued behind every update file.
+UPLOAD_THREADS = max(1, MAX_THREADS - 2)
 BACKGROUND_BYTES = 256 << 20  # up to this many input bytes, update files are encoded in memory and uploaded in the background
 
 
@@ -414,7 +420,7 @@ def start_update_files(ice: IcebergTable, jobs: list[UpdateFileJob], target: pa.
     if sum(job.rows.nbytes for job in jobs) > BACKGROUND_BYTES:
         return write_update_files(ice, jobs, target), None
     encoded = run_all(lambda job: encode_update_file(ice, job.rows, target, _job_positions(job)), jobs, WRITE_THREADS)
-    pending = start_all(lambda pair: upload_update_file(ice, pair[0].path, pair[1]), list(zip(jobs, encoded)), WRITE_THREADS)
+    pending = start_all(lambda pair: upload_update_file(ice, pair[0].path, pair[1]), list(zip(jobs, encoded)), UPLOAD_THREADS)
     return [b.size for b in encoded], pending
 
 

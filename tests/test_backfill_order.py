@@ -106,3 +106,23 @@ def test_locator_order_and_gather_match_lexsort_and_take(shape):
     data = pa.table({"a": np.arange(len(pos)), "b": np.arange(len(pos)) * 2.0})
     for rows in (got, np.arange(len(pos)), np.concatenate([np.arange(30, 60), np.arange(0, 30)]), rng.permutation(len(pos)), np.array([], np.int64)):
         assert _gather(data, rows).to_pydict() == data.take(pa.array(rows, pa.int64())).to_pydict()
+
+
+@pytest.mark.parametrize("shape", ["sorted", "disjoint_runs", "overlapping_runs", "repeat_in_run", "repeat_across_runs", "random", "tiny"])
+def test_distinct_runs_never_calls_repeated_keys_distinct(shape):
+    rng = np.random.default_rng(5)
+    base = np.arange(10_000, dtype=np.int64)
+    v = {
+        "sorted": base,
+        "disjoint_runs": np.concatenate([base[6000:], base[:2000], base[2000:6000]]),
+        "overlapping_runs": np.concatenate([base[::2], base[1::2]]),
+        "repeat_in_run": np.concatenate([base[:500], base[499:1000]]),
+        "repeat_across_runs": np.concatenate([base[5000:], base[:5001]]),
+        "random": rng.permutation(base),
+        "tiny": np.array([3], np.int64),
+    }[shape]
+    distinct = len(np.unique(v)) == len(v)
+    assert sorting.distinct_runs(v) == (shape in ("sorted", "disjoint_runs", "tiny"))
+    assert not sorting.distinct_runs(v) or distinct  # never a false "distinct"
+    with_nan = np.array([1, 2, np.nan, 2, 3])  # an integer key column with nulls arrives as floats
+    assert not sorting.distinct_runs(with_nan)
