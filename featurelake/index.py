@@ -56,6 +56,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 
+from featurelake import sorting
 from featurelake.errors import CorruptFileError
 from featurelake.state import _LRU
 from featurelake.storage import platform_dir, storage_of
@@ -304,14 +305,21 @@ def _positions(k: np.ndarray, keys: np.ndarray) -> np.ndarray:
     return guess
 
 
-def _hits(entries: Entries, keys: np.ndarray, probe_order: np.ndarray, exact: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(entry index, probe row) of every entry matching one of the sorted ``keys``."""
+def _hits(entries: Entries, keys: np.ndarray, probe_order: np.ndarray, exact: bool) -> tuple[np.ndarray | None, np.ndarray]:
+    """(entry index, probe row) of every entry matching one of the sorted ``keys``.
+
+    The entry index is None when every entry matches, in order (the probe
+    holds exactly the bucket's keys: a backfill of every row).
+    """
     k = entries.k
     if not len(k):
         return np.empty(0, np.int64), np.empty(0, np.int64)
-    inside = (keys >= k[0]) & (keys <= k[-1])
-    keys, probe_order = keys[inside], probe_order[inside]
+    if len(keys) and (keys[0] < k[0] or keys[-1] > k[-1]):  # keys are sorted: only the ends can lie outside
+        inside = (keys >= k[0]) & (keys <= k[-1])
+        keys, probe_order = keys[inside], probe_order[inside]
     if exact:  # unique keys: a hit is the one key at the insertion point
+        if len(keys) == len(k) and np.array_equal(keys, k) and not (k[1:] == k[:-1]).any():
+            return None, probe_order  # every key of the bucket probed (a backfill of all rows)
         start = _positions(k, keys)
         hit = k[np.minimum(start, len(k) - 1)] == keys
         return start[hit], probe_order[hit]
@@ -331,8 +339,12 @@ def lookup(io: FileIO, segments: Sequence[dict], probe: np.ndarray, live: set[st
     when its hash collides (hashed keys): callers verify those. Only the
     buckets holding a probed key are read.
     """
-    order = np.argsort(probe)
-    sorted_probe = probe[order]
+    order = sorting.argsort(probe)  # keys from a scan come in a few ascending runs: near-linear
+    if order is None:
+        order = np.arange(len(probe))
+        sorted_probe = probe
+    else:
+        sorted_probe = probe[order]
     rows, file_ids, positions = [], [], []
     names: list[str] = []
     for seg_dict in segments:
@@ -348,7 +360,8 @@ def lookup(io: FileIO, segments: Sequence[dict], probe: np.ndarray, live: set[st
         live_mask = np.fromiter((path in live for path in opened.files), dtype=bool, count=len(opened.files))
         if not live_mask.any():
             continue
-        remap = np.cumsum(live_mask) - 1 + len(names)
+        remap = (np.cumsum(live_mask) - 1 + len(names)).astype(np.int32)
+        all_live, offset = bool(live_mask.all()), len(names)
         used = False
         buckets = opened.buckets_for(keys)
         # each bucket is probed only with the keys inside its key range (keys are sorted)
@@ -356,16 +369,28 @@ def lookup(io: FileIO, segments: Sequence[dict], probe: np.ndarray, live: set[st
         lasts = np.searchsorted(keys, opened.hi[buckets], side="right")
         for entries, first, last in zip(opened.read(buckets), firsts, lasts):
             idx, hit_rows = _hits(entries, keys[first:last], probe_order[first:last], seg.exact)
-            if not len(idx):
+            if not len(hit_rows):
                 continue
-            seg_files = entries.f[idx]
-            keep = live_mask[seg_files]
+            seg_files = entries.f if idx is None else entries.f[idx]
+            seg_pos = entries.p if idx is None else entries.p[idx]
+            keep = None if all_live else live_mask[seg_files]
+            if keep is None or keep.all():
+                rows.append(hit_rows)
+                if not all_live:
+                    file_ids.append(remap[seg_files])
+                elif offset:  # every file of the segment live: its numbers shift by the names before it
+                    file_ids.append(seg_files.astype(np.int32) + np.int32(offset))
+                else:
+                    file_ids.append(seg_files.astype(np.int32, copy=False))
+                positions.append(seg_pos)
+                used = True
+                continue
             if not keep.any():
                 continue
             used = True
             rows.append(hit_rows[keep])
             file_ids.append(remap[seg_files[keep]].astype(np.int32))
-            positions.append(entries.p[idx][keep])
+            positions.append(seg_pos[keep])
         if used:
             names.extend(path for path, ok in zip(opened.files, live_mask) if ok)
     if not rows:

@@ -16,7 +16,7 @@ from pyiceberg.conversions import from_bytes
 from pyiceberg.expressions import And, GreaterThanOrEqual, LessThanOrEqual
 from pyiceberg.table import FileScanTask
 
-from featurelake import index, refs
+from featurelake import index, refs, sorting
 from featurelake.errors import DuplicateKeyError, NullKeyError, SchemaMismatchError
 from featurelake.livefiles import snapshot_files
 from featurelake.schema import LOCATOR_FILE, LOCATOR_POS, arrow_schema
@@ -76,7 +76,10 @@ def duplicate_keys(tbl: pa.Table, keys: Sequence[str]) -> pa.Table:
     if tbl.num_rows < 2:
         return tbl.select(list(keys)).slice(0, 0)
     if len(keys) == 1 and pa.types.is_integer(tbl.column(keys[0]).type):
-        values = np.sort(tbl.column(keys[0]).to_numpy(zero_copy_only=False))
+        values = tbl.column(keys[0]).to_numpy(zero_copy_only=False)
+        if sorting.distinct_runs(values):  # keys in scan order: shown distinct in one pass, no sort
+            return tbl.select(list(keys)).slice(0, 0)
+        values = sorting.sort(values)
         repeated = values[1:][values[1:] == values[:-1]]
         return pa.table({keys[0]: pa.array(np.unique(repeated), tbl.column(keys[0]).type)})
     counts = tbl.select(list(keys)).group_by(list(keys)).aggregate([([], "count_all")])

@@ -18,7 +18,8 @@ Two more requests per commit are saved on an object store the same way:
 * manifest *lists* are immutable too, and pyiceberg re-reads the parent's for
   every plan and commit step (a HEAD and a GET each time): cached by path, and
   a list this process writes is cached as written (the next commit or read of
-  that snapshot reads nothing);
+  that snapshot reads nothing); one not cached is read on S3 in one plain GET
+  (its size is recorded nowhere, and it is read whole anyway), not a HEAD and a GET;
 * after writing a manifest pyiceberg asks the store for its length (a HEAD):
   an Avro file written through a PyArrowFile remembers how many bytes it wrote;
 * reading a manifest, pyiceberg asks for its length first (a HEAD) although
@@ -35,7 +36,8 @@ from typing import Any
 import pyiceberg.table.snapshots as _snapshots
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import PyArrowFile
-from pyiceberg.manifest import ManifestEntry, ManifestFile, ManifestListWriter
+from pyiceberg.manifest import ManifestEntry, ManifestFile, ManifestListWriter, read_manifest_list
+from pyiceberg.manifest import _manifest_cache as _ice_manifest_cache
 
 MAX_ENTRIES = 500_000  # bounds memory: about 1-2 KB per entry
 
@@ -110,12 +112,59 @@ def _manifests(io: FileIO, manifest_list: str) -> tuple[ManifestFile, ...]:
         if hit is not None:
             _lists.move_to_end(manifest_list)
             return hit
-    found = tuple(_original_lists(io, manifest_list))
+    found = _read_list(io, manifest_list)
     with _lock:
         _lists[manifest_list] = found
         while len(_lists) > MAX_LISTS:
             _lists.popitem(last=False)
     return found
+
+
+def _read_list(io: FileIO, manifest_list: str) -> tuple[ManifestFile, ...]:
+    """A manifest list read as pyiceberg does, but on S3 in one plain GET (pyiceberg: a HEAD, then a GET).
+
+    The list's size is recorded nowhere, and it is read whole anyway. Where
+    that GET cannot be made (no signable S3 filesystem, the store refuses),
+    pyiceberg reads it as it always does.
+    """
+    data = _whole_object(io, manifest_list)
+    if data is None:
+        return tuple(_original_lists(io, manifest_list))
+    files = list(read_manifest_list(_BytesInput(manifest_list, data)))
+    return tuple(_ice_manifest_cache.get_or_cache(m) for m in files)
+
+
+def _whole_object(io: FileIO, location: str) -> bytes | None:
+    import pyarrow.fs as pafs
+
+    from featurelake.s3sign import get_object
+    from featurelake.storage import storage_of
+
+    try:
+        scheme, fs, path = storage_of(io).resolve(location)
+    except Exception:  # noqa: BLE001 - a FileIO featurelake cannot resolve: pyiceberg reads it
+        return None
+    if not isinstance(fs, pafs.S3FileSystem):
+        return None
+    return get_object(fs, path, None)
+
+
+class _BytesInput:
+    """An input file whose bytes are already here."""
+
+    def __init__(self, location: str, data: bytes) -> None:
+        self.location, self._data = location, data
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def exists(self) -> bool:
+        return True
+
+    def open(self, seekable: bool = True) -> Any:
+        import pyarrow as pa
+
+        return pa.BufferReader(self._data)
 
 
 _original_add = ManifestListWriter.add_manifests

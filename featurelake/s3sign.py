@@ -162,21 +162,24 @@ def _connection(ep: _Endpoint, host: str, fresh: bool = False) -> http.client.HT
     return conn
 
 
-def get_object(fs: pafs.FileSystem, path: str, size: int, offset: int = 0) -> bytes | None:
+def get_object(fs: pafs.FileSystem, path: str, size: int | None, offset: int = 0) -> bytes | None:
     """The ``size`` bytes of ``path`` (``bucket/key``) from ``offset`` on, in one signed GET; None when not done here.
 
-    None (the caller opens the file with pyarrow instead) when this
-    filesystem cannot be signed for, the request fails, or the store answers
-    anything but the bytes asked for. A missing object raises FileNotFoundError.
+    ``size=None`` reads a whole object of unknown size (a plain GET, no
+    Range: pyarrow would HEAD for the size first). None (the caller opens the
+    file with pyarrow instead) when this filesystem cannot be signed for, the
+    request fails, or the store answers anything but the bytes asked for
+    (for a whole read: a body of another length than its Content-Length).
+    A missing object raises FileNotFoundError.
     """
     ep = _endpoint(fs)
     bucket, _, key = path.partition("/")
-    if ep is None or not bucket or not key or size <= 0:
+    if ep is None or not bucket or not key or (size is not None and size <= 0):
         return None
     host, url_path = (f"{bucket}.{ep.host}", f"/{key}") if ep.virtual else (ep.host, f"/{bucket}/{key}")
     for attempt in range(2):  # a kept-alive connection the server closed: once more on a fresh one
         headers = _sign(ep, host, url_path, b"", datetime.now(timezone.utc), method="GET", query="",
-                        extra={"range": f"bytes={offset}-{offset + size - 1}"})
+                        extra={"range": f"bytes={offset}-{offset + size - 1}"} if size is not None else None)
         conn = _connection(ep, host, fresh=attempt > 0)
         try:
             conn.request("GET", urllib.parse.quote(url_path, safe="/~"), headers=headers)
@@ -187,6 +190,11 @@ def get_object(fs: pafs.FileSystem, path: str, size: int, offset: int = 0) -> by
             continue
         if response.status == 404:
             raise FileNotFoundError(path)
+        if size is None:
+            expected = response.getheader("content-length")
+            if response.status == 200 and expected is not None and expected.isdigit() and len(data) == int(expected):
+                return data
+            return None
         if response.status in (200, 206) and len(data) == size:
             return data
         return None

@@ -43,6 +43,7 @@ from pyiceberg.table.snapshots import Snapshot
 from featurelake.errors import CorruptFileError
 from featurelake.refs import ancestors
 from featurelake.storage import storage_of
+from featurelake.threads import start_all
 
 STATE_KEY = "featurelake.state"
 STATE_BYTES_KEY = "featurelake.state-bytes"  # the root's size: an object store reads it in one GET, no HEAD
@@ -279,8 +280,11 @@ class StateWriter:
                 "field_ids": sorted({f for e in rows for f in e.field_ids}),
                 "layers": max(len(es) for es in entries.values()),
             }
+        uploading = None
         if packed:  # every changed shard in one file: one PUT, however many shards changed
-            pack_bytes = _write_shard(self.io, pack, packed)
+            encoded = _encode_shard(packed)  # its size goes into the root, so the two uploads can overlap
+            pack_bytes = encoded.size
+            uploading = start_all(lambda data: _upload(self.io, pack, data), [encoded], 1)
             for shard in self._changed:
                 if shards.get(shard, {}).get("path") == pack:
                     shards[shard]["size"] = pack_bytes
@@ -295,9 +299,17 @@ class StateWriter:
             "index": self.index_segments,
         }
         root_path = root_path or self.new_root_path()
-        with storage_of(self.io).write_new(root_path) as out:
-            pq.write_table(pa.table({"state": [json.dumps(root)]}), out)
-            _ROOT_SIZES.put(root_path, out.tell())
+        try:
+            with storage_of(self.io).write_new(root_path) as out:
+                pq.write_table(pa.table({"state": [json.dumps(root)]}), out)
+                root_size = out.tell()
+        except BaseException:
+            if uploading is not None:  # the pack's upload has ended before anyone cleans up
+                uploading.wait(raise_errors=False)
+            raise
+        if uploading is not None:
+            uploading.wait()  # the root names the pack: both are stored before this returns
+        _ROOT_SIZES.put(root_path, root_size)
         _ROOT_CACHE.put(
             root_path,
             PlatformState(root_path, self.next_seq, {int(k): v for k, v in shards.items()}, tuple(self.index_segments)),
@@ -442,8 +454,15 @@ def _fetch_shard(io: FileIO | None, path: str, size: int | None) -> dict[str, li
     return out
 
 
-def _write_shard(io: FileIO, path: str, entries: list[UpdateEntry]) -> int:
-    """Write a shard file (or pack); returns its size in bytes."""
+def _upload(io: FileIO, path: str, data: pa.Buffer) -> int:
+    """Store encoded bytes as the new file ``path``; returns its size."""
+    with storage_of(io).write_new(path) as out:
+        out.write(data)
+        return out.tell()
+
+
+def _encode_shard(entries: list[UpdateEntry]) -> pa.Buffer:
+    """A shard file's (or pack's) bytes."""
     entries = sorted(entries, key=lambda e: (e.data_file, e.seq))
     tbl = pa.Table.from_pydict(
         {
@@ -458,6 +477,6 @@ def _write_shard(io: FileIO, path: str, entries: list[UpdateEntry]) -> int:
         },
         schema=_SHARD_SCHEMA,
     )
-    with storage_of(io).write_new(path) as out:
-        pq.write_table(tbl, out, compression="zstd")
-        return out.tell()
+    sink = pa.BufferOutputStream()
+    pq.write_table(tbl, sink, compression="zstd")
+    return sink.getvalue()

@@ -29,8 +29,10 @@ the catalog's and nothing else, and pyiceberg's own writes through that FileIO
 """
 from __future__ import annotations
 
+import os
 import threading
 import weakref
+from collections import OrderedDict
 from functools import lru_cache
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -253,6 +255,20 @@ def delete_stored(files: "list[StoredFile]") -> None:
                     pass
 
 
+_FILESYSTEMS: "OrderedDict[tuple, pafs.FileSystem]" = OrderedDict()  # (scheme, netloc, FileIO properties) -> filesystem
+_FS_LOCK = threading.Lock()
+_MAX_FILESYSTEMS = 32
+
+
+def _forget_filesystems() -> None:  # a forked child builds its own clients (the parent's SDK threads are not there)
+    global _FS_LOCK
+    _FS_LOCK = threading.Lock()
+    _FILESYSTEMS.clear()
+
+
+os.register_at_fork(after_in_child=_forget_filesystems)
+
+
 def _delay_s3_opens(io: PyArrowFileIO) -> None:
     """Make ``io`` build its S3 filesystems with ``allow_delayed_open`` (see the module docstring).
 
@@ -264,11 +280,23 @@ def _delay_s3_opens(io: PyArrowFileIO) -> None:
     initialize = io._initialize_fs
 
     def delayed(scheme: str, netloc: str | None = None) -> pafs.FileSystem:
+        # Every table load brings a new FileIO; building an S3 client costs ~10 ms, so a
+        # filesystem is shared by FileIOs of exactly the same properties (new credentials: a new one).
+        key = (scheme, netloc, tuple(sorted((str(k), str(v)) for k, v in io.properties.items())))
+        with _FS_LOCK:
+            fs = _FILESYSTEMS.get(key)
+            if fs is not None:
+                _FILESYSTEMS.move_to_end(key)
+                return fs
         fs = initialize(scheme, netloc)
         if isinstance(fs, pafs.S3FileSystem):
             rebuild, (options,) = fs.__reduce__()
             if not options.get("allow_delayed_open"):
                 fs = rebuild({**options, "allow_delayed_open": True})
+        with _FS_LOCK:
+            fs = _FILESYSTEMS.setdefault(key, fs)
+            while len(_FILESYSTEMS) > _MAX_FILESYSTEMS:
+                _FILESYSTEMS.popitem(last=False)
         return fs
 
     cached = lru_cache(delayed)

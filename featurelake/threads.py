@@ -85,3 +85,48 @@ def run_all(fn: Callable[[T], R], items: Sequence[T], threads: int = MAX_THREADS
         if f.exception() is not None:
             raise f.exception()  # type: ignore[misc]
     return [f.result() for f in futures]
+
+
+class Pending:
+    """Tasks started by :func:`start_all`; :meth:`wait` must be called before their results are relied on."""
+
+    def __init__(self, futures: list, results: list) -> None:
+        self._futures = futures
+        self._results = results
+
+    def wait(self, raise_errors: bool = True) -> list:
+        """Wait for every task; raise one of their exceptions (unless ``raise_errors`` is False), else their results."""
+        wait(self._futures)
+        if raise_errors:
+            for f in self._futures:
+                if f.exception() is not None:
+                    raise f.exception()  # type: ignore[misc]
+        return self._results
+
+
+def start_all(fn: Callable[[T], R], items: Sequence[T], threads: int = MAX_THREADS) -> Pending:
+    """Start ``[fn(x) for x in items]`` in the pool, up to ``threads`` at once, and return at once.
+
+    The caller overlaps other work with the tasks and must call
+    ``Pending.wait()`` (also on its own failure path, with
+    ``raise_errors=False``) before it relies on, or deletes, what they
+    write. Inside a pool worker the items run inline, before this returns.
+    """
+    items = list(items)
+    results: list = [None] * len(items)
+    if not items or getattr(_local, "worker", False):
+        for i, x in enumerate(items):
+            results[i] = fn(x)
+        return Pending([], results)
+    threads = max(1, min(threads, MAX_THREADS, len(items)))
+    lock, it = threading.Lock(), iter(enumerate(items))
+
+    def drain() -> None:
+        while True:
+            with lock:
+                nxt = next(it, None)
+            if nxt is None:
+                return
+            results[nxt[0]] = fn(nxt[1])
+
+    return Pending([_get_pool().submit(drain) for _ in range(threads)], results)

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
-from featurelake import refs
+from featurelake import refs, sorting
 from featurelake.commit import cleanup_on_failure, commit, delete_quietly, optimistic
 from featurelake.datafiles import update_file_settings
 from featurelake.errors import (
@@ -53,7 +53,7 @@ from featurelake.schema import (
 )
 from featurelake.state import STATE_KEY, StateWriter, UpdateEntry, summary_props
 from featurelake.storage import storage_of
-from featurelake.threads import run_all
+from featurelake.threads import MAX_THREADS, Pending, run_all, start_all
 from featurelake.writer_settings import WriterSettings
 
 if TYPE_CHECKING:
@@ -191,12 +191,65 @@ def _locate_by_key(table: "Table", ice: IcebergTable, head: Snapshot, data: pa.T
 
 
 def located_rows(data: pa.Table, found: pa.Table) -> pa.Table:
-    """The input rows ``find`` located, with their ``_file`` and ``_pos``."""
+    """The input rows ``find`` located, with their ``_file`` and ``_pos``, in (file, position) order.
+
+    Ordered here, on the three small columns of ``found``, so that the input
+    rows are gathered once (``_groups`` then finds them in order); when the
+    order is the input's own (keys from a scan of the table), nothing is gathered.
+    """
+    order = _locator_order(found.column(LOCATOR_FILE), found.column(LOCATOR_POS).to_numpy())
+    if order is not None:
+        found = found.take(pa.array(order))
     return (
-        data.take(found.column(ROW))
+        _gather(data, found.column(ROW).to_numpy())
         .append_column(LOCATOR_FILE, found.column(LOCATOR_FILE))
         .append_column(LOCATOR_POS, found.column(LOCATOR_POS))
     )
+
+
+_GATHER_RUNS = 64  # up to this many contiguous runs of rows are gathered as zero-copy slices
+
+
+def _gather(data: pa.Table, rows: np.ndarray) -> pa.Table:
+    """``data.take(rows)``; rows that form a few contiguous ascending runs (input
+    in scan order, whose data files come in another order) are sliced, not copied."""
+    if not len(rows):
+        return data.slice(0, 0)
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    if len(breaks) >= _GATHER_RUNS:
+        return data.take(pa.array(rows))
+    starts = np.concatenate([[0], breaks])
+    ends = np.concatenate([breaks, [len(rows)]])
+    parts = [data.slice(int(rows[a]), int(b - a)) for a, b in zip(starts, ends)]
+    return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+
+
+def _file_indices(files: pa.ChunkedArray | pa.Array) -> pa.DictionaryArray:
+    files = files.combine_chunks() if isinstance(files, pa.ChunkedArray) else files
+    return files if pa.types.is_dictionary(files.type) else files.dictionary_encode()
+
+
+_POS_BITS = 40  # (file number << 40) | position sorts by file, then position, in one int64
+
+
+def _locator_order(files: pa.ChunkedArray | pa.Array, positions: np.ndarray) -> np.ndarray | None:
+    """The order that sorts rows by data file (dictionary index), then position; None when sorted already.
+
+    One int64 per row, argsorted (near-linear when already in a few runs:
+    featurelake.sorting), instead of a two-key lexsort; positions outside
+    ``[0, 2**40)`` (bad locator input, refused later) take the lexsort.
+    """
+    encoded = _file_indices(files)
+    file_idx = encoded.indices.to_numpy(zero_copy_only=False)
+    if not len(positions):
+        return None
+    if positions.dtype.kind != "i" or positions.min() < 0 or positions.max() >= (1 << _POS_BITS) or len(encoded.dictionary) >= (1 << 22):
+        order = np.lexsort((positions, file_idx))
+        return None if sorting.is_sorted(order) else order
+    composite = file_idx.astype(np.int64)
+    composite <<= _POS_BITS
+    composite |= positions
+    return sorting.argsort(composite)
 
 
 def _check_locators(table: "Table", ice: IcebergTable, head: Snapshot, data: pa.Table) -> list[tuple[str, pa.Table]]:
@@ -224,23 +277,21 @@ def _check_locators(table: "Table", ice: IcebergTable, head: Snapshot, data: pa.
     return groups
 
 
-def _groups(rows: pa.Table) -> list[tuple[str, pa.Table]]:
-    """Rows split per data file, each sorted by position."""
-    files = rows.column(LOCATOR_FILE).combine_chunks()
-    if not pa.types.is_dictionary(files.type):
-        files = files.dictionary_encode()
+def _groups(rows: pa.Table, ordered: bool = False) -> list[tuple[str, pa.Table]]:
+    """Rows split per data file, each sorted by position (``ordered``: they are already, see ``located_rows``)."""
+    files = _file_indices(rows.column(LOCATOR_FILE))
     file_idx = files.indices.to_numpy(zero_copy_only=False)
-    positions = rows.column(LOCATOR_POS).to_numpy()
-    order = np.lexsort((positions, file_idx))
-    rows = rows.take(pa.array(order))
-    file_idx = file_idx[order]
+    order = None if ordered else _locator_order(files, rows.column(LOCATOR_POS).to_numpy())
+    if order is not None:
+        rows = rows.take(pa.array(order))
+        file_idx = file_idx[order]
     bounds = np.concatenate([[0], np.flatnonzero(np.diff(file_idx)) + 1, [len(file_idx)]])
     names = files.dictionary
     return [(names[file_idx[a]].as_py(), rows.slice(a, b - a)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
 
-def write_update_file(ice: IcebergTable, path: str, values: pa.Table, target: pa.Schema, positions: pa.Array | None) -> int:
-    """Write one update file (only the given columns, plus ``_pos`` unless dense); return its size."""
+def encode_update_file(ice: IcebergTable, values: pa.Table, target: pa.Schema, positions: pa.Array | None) -> pa.Buffer:
+    """One update file's bytes (only the given columns, plus ``_pos`` unless dense)."""
     arrays, fields = [], []
     if positions is not None:
         arrays.append(positions.cast(pa.int64()))
@@ -251,9 +302,21 @@ def write_update_file(ice: IcebergTable, path: str, values: pa.Table, target: pa
     out_table = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
     # the data files' codec (featurelake.writer_settings), only where it pays (datafiles.update_file_settings)
     settings = update_file_settings(out_table, WriterSettings.of(ice.metadata.properties).compression)
+    sink = pa.BufferOutputStream()
+    pq.write_table(out_table, sink, **settings)
+    return sink.getvalue()
+
+
+def upload_update_file(ice: IcebergTable, path: str, data: pa.Buffer) -> int:
+    """Store an encoded update file as the new file ``path``; returns its size."""
     with storage_of(ice.io).write_new(path) as out:
-        pq.write_table(out_table, out, **settings)
+        out.write(data)
         return out.tell()
+
+
+def write_update_file(ice: IcebergTable, path: str, values: pa.Table, target: pa.Schema, positions: pa.Array | None) -> int:
+    """Write one update file (only the given columns, plus ``_pos`` unless dense); return its size."""
+    return upload_update_file(ice, path, encode_update_file(ice, values, target, positions))
 
 
 def add_columns(tx, data: pa.Table, new_columns: list[str]) -> None:
@@ -275,12 +338,16 @@ def stage_update_files(
     written: list[str],
     groups: list[tuple[str, pa.Table]] | None = None,
     write_files: "UpdateFileWriter | None" = None,
+    pending: "list[Pending] | None" = None,
 ) -> tuple[int, int]:
     """Write one update file per touched data file and add them to ``writer``; returns (files, bytes).
 
     ``rows`` carry ``_file`` and ``_pos`` plus ``columns``; a data file whose
     every row is set gets a dense update file (no positions). ``write_files``
     writes the planned files (default :func:`write_update_files`, here).
+    With ``pending`` (and no ``write_files``) the uploads may still run when
+    this returns (:func:`start_update_files`): their handle is appended there
+    and the caller must wait for it before committing.
     """
     target = arrow_schema(schema.select(*columns))
     field_ids = tuple(schema.find_field(c).field_id for c in columns)
@@ -291,7 +358,12 @@ def stage_update_files(
         path = f"{table._update_dir(ice)}/{snapshot_id}-{uuid.uuid4().hex[:12]}.parquet"
         jobs.append(UpdateFileJob(data_file, path, group, group.num_rows == sizes[data_file]))
     written.extend(j.path for j in jobs)  # named before any byte is written: a failure anywhere deletes them
-    file_sizes = (write_files or write_update_files)(ice, jobs, target)
+    if pending is not None and write_files is None:
+        file_sizes, uploads = start_update_files(ice, jobs, target)
+        if uploads is not None:
+            pending.append(uploads)
+    else:
+        file_sizes = (write_files or write_update_files)(ice, jobs, target)
     for job, size in zip(jobs, file_sizes):
         writer.add(UpdateEntry(job.data_file, job.path, seq, field_ids, job.dense, job.rows.num_rows, size, snapshot_id))
     return len(jobs), sum(file_sizes)
@@ -321,8 +393,35 @@ def write_update_files(ice: IcebergTable, jobs: list[UpdateFileJob], target: pa.
 
 def write_job(ice: IcebergTable, job: UpdateFileJob, target: pa.Schema) -> int:
     """Write one job's update file (positions only when it is not dense); returns its size."""
-    positions = None if job.dense else job.rows.column(LOCATOR_POS).combine_chunks()
-    return write_update_file(ice, job.path, job.rows, target, positions)
+    return write_update_file(ice, job.path, job.rows, target, _job_positions(job))
+
+
+def _job_positions(job: UpdateFileJob) -> pa.Array | None:
+    return None if job.dense else job.rows.column(LOCATOR_POS).combine_chunks()
+
+
+# Background uploads leave pool workers free: the state's pack uploads meanwhile (state.StateWriter.write),
+# not queued behind every update file.
+UPLOAD_THREADS = max(1, MAX_THREADS - 2)
+BACKGROUND_BYTES = 256 << 20  # up to this many input bytes, update files are encoded in memory and uploaded in the background
+
+
+def start_update_files(ice: IcebergTable, jobs: list[UpdateFileJob], target: pa.Schema) -> tuple[list[int], Pending | None]:
+    """Encode the update files of ``jobs`` now and start their uploads; returns (sizes, pending uploads).
+
+    The sizes (for the platform state) are known once the bytes are encoded,
+    so the state and the snapshot's manifest list are written while the
+    uploads run; the caller waits for them (``Pending.wait``) before the
+    catalog commit, and on any failure before deleting what was written.
+    Inputs larger than :data:`BACKGROUND_BYTES` are written as before
+    (:func:`write_update_files`, pending None): the encoded files are not
+    all held in memory at once.
+    """
+    if sum(job.rows.nbytes for job in jobs) > BACKGROUND_BYTES:
+        return write_update_files(ice, jobs, target), None
+    encoded = run_all(lambda job: encode_update_file(ice, job.rows, target, _job_positions(job)), jobs, WRITE_THREADS)
+    pending = start_all(lambda pair: upload_update_file(ice, pair[0].path, pair[1]), list(zip(jobs, encoded)), UPLOAD_THREADS)
+    return [b.size for b in encoded], pending
 
 
 def apply_column_updates(
@@ -371,6 +470,7 @@ def apply_column_updates(
             rows = values
         else:
             rows = _locate_by_key(table, ice, head, values, on_unknown, report)
+            groups = _groups(rows, ordered=True)  # located_rows put them in (file, position) order
         if rows.num_rows == 0:
             report.snapshot_id = head.snapshot_id
             return report
@@ -404,13 +504,21 @@ def commit_update_files(
     root_path = writer.new_root_path()
     props = {STATE_KEY: root_path, "featurelake.operation": "backfill", "featurelake.columns": ",".join(columns)}
     producer = tx.update_snapshot(snapshot_properties=props, branch=branch).fast_append()
-    files, total_bytes = stage_update_files(
-        table, ice, head, writer, producer.snapshot_id, rows, columns, tx.table_metadata.schema(), written, groups,
-        write_files,
-    )
-    writer.write(root_path)
-    props.update(summary_props(ice.io, root_path))  # the producer reads its summary at commit
-    producer.commit()
+    pending: list[Pending] = []  # update file uploads still running while the state and manifest list are written
+    try:
+        files, total_bytes = stage_update_files(
+            table, ice, head, writer, producer.snapshot_id, rows, columns, tx.table_metadata.schema(), written, groups,
+            write_files, pending,
+        )
+        writer.write(root_path)
+        props.update(summary_props(ice.io, root_path))  # the producer reads its summary at commit
+        producer.commit()
+    except BaseException:
+        for p in pending:  # nothing is deleted (by the caller's cleanup) while an upload may still run
+            p.wait(raise_errors=False)
+        raise
+    for p in pending:
+        p.wait()  # every update file is stored before the commit can name it
     report.snapshot_id = commit(tx, branch)
     report.rows_updated = rows.num_rows
     report.data_files_touched = report.update_files = files

@@ -110,7 +110,7 @@ def test_update_files_of_one_commit_are_written_in_parallel(lake, monkeypatch):
     for lo in range(0, 4000, 1000):
         t.append(_rows(range(lo, lo + 1000)))  # four data files
     active, peak, lock = [0], [0], threading.Lock()
-    original = updates.write_update_file
+    original = updates.upload_update_file
 
     def slow_write(*args, **kwargs):
         with lock:
@@ -123,7 +123,7 @@ def test_update_files_of_one_commit_are_written_in_parallel(lake, monkeypatch):
             with lock:
                 active[0] -= 1
 
-    monkeypatch.setattr(updates, "write_update_file", slow_write)
+    monkeypatch.setattr(updates, "upload_update_file", slow_write)
     t.backfill(pa.table({"id": pa.array([5, 1005, 2005, 3005], pa.int64()), "x": [1.5, 2.5, 3.5, 4.5]}))
     assert t.last_update_report.update_files == 4
     assert peak[0] == 4
@@ -140,7 +140,7 @@ def test_a_failed_parallel_write_leaves_no_update_file_and_no_snapshot(lake, mon
     storage = table_storage(t.refresh())
     before_files = {f.uri for f in storage.list(t.refresh().location())}
     before_snapshot = t.refresh().current_snapshot().snapshot_id
-    original = updates.write_update_file
+    original = updates.upload_update_file
     calls = [0]
 
     def one_fails(ice, path, *args, **kwargs):
@@ -151,7 +151,7 @@ def test_a_failed_parallel_write_leaves_no_update_file_and_no_snapshot(lake, mon
                 raise OSError("No space left on device")
         return size
 
-    monkeypatch.setattr(updates, "write_update_file", one_fails)
+    monkeypatch.setattr(updates, "upload_update_file", one_fails)
     with pytest.raises(StorageError):
         t.backfill(pa.table({"id": pa.array([5, 1005, 2005, 3005], pa.int64()), "x": [1.5, 2.5, 3.5, 4.5]}))
     assert {f.uri for f in storage.list(t.refresh().location())} == before_files
@@ -383,3 +383,53 @@ def test_a_commit_writes_its_state_in_one_pack_and_older_packs_never_leak(backen
     assert got == want
     t.compact()
     assert t.stats()["update_files"] == 0 and dict(zip(*t.read(columns=["id", "x"]).to_pydict().values())) == want
+
+
+@both_backends
+def test_every_update_file_is_stored_before_the_commit_names_it(backend, monkeypatch):
+    """Update files upload while the state and manifest list are written; the catalog commit waits for all of them."""
+    from featurelake import updates
+
+    lake = backend.lake
+    t = lake.create_table("ns.t", SCHEMA, primary_key="id")
+    for lo in range(0, 3000, 1000):
+        t.append(_rows(range(lo, lo + 1000)))
+    original_upload, original_commit = updates.upload_update_file, updates.commit
+    done: list[str] = []
+    at_commit: list[list[str]] = []
+
+    def slow_upload(ice, path, data):
+        time.sleep(0.3)  # slower than writing the state and the manifest list
+        size = original_upload(ice, path, data)
+        done.append(path)
+        return size
+
+    def checked_commit(tx, branch):
+        at_commit.append(list(done))
+        return original_commit(tx, branch)
+
+    monkeypatch.setattr(updates, "upload_update_file", slow_upload)
+    monkeypatch.setattr(updates, "commit", checked_commit)
+    t.backfill(pa.table({"id": pa.array([5, 1005, 2005], pa.int64()), "x": [1.5, 2.5, 3.5]}))
+    assert len(at_commit) == 1 and sorted(at_commit[0]) == sorted(done) and len(done) == 3
+    got = t.read(filter="id in (5, 1005, 2005)").sort_by("id")
+    assert got["x"].to_pylist() == [1.5, 2.5, 3.5]
+
+
+def test_a_manifest_list_not_cached_is_read_in_one_get(s3_lake, seaweed):
+    """pyiceberg opens a manifest list with a HEAD and then reads it; its size is recorded nowhere, so one plain GET."""
+    from featurelake import manifest_cache
+
+    t = s3_lake.create_table("ns.t", SCHEMA, primary_key="id")
+    for lo in range(0, 300, 100):
+        t.append(_rows(range(lo, lo + 100)))
+    ice = t.refresh()
+    snapshot = ice.current_snapshot()
+    cached = [m.manifest_path for m in snapshot.manifests(ice.io)]
+    manifest_cache.clear()
+    with seaweed.counting() as requests:
+        fresh = [m.manifest_path for m in snapshot.manifests(ice.io)]
+    assert fresh == cached and len(fresh) == 3
+    assert requests["total"] == 1 and requests["GET"] == 1, requests
+    manifest_cache.clear()
+    assert sorted(t.read()["id"].to_pylist()) == list(range(300))
