@@ -57,34 +57,9 @@ def run_all(fn: Callable[[T], R], items: Sequence[T], threads: int = MAX_THREADS
     one of their exceptions is raised.
     """
     items = list(items)
-    if len(items) <= 1 or threads <= 1 or getattr(_local, "worker", False):
+    if len(items) <= 1 or threads <= 1:
         return [fn(x) for x in items]
-    threads = min(threads, MAX_THREADS, len(items))
-    if threads >= len(items):
-        futures = [_get_pool().submit(fn, x) for x in items]
-    else:  # at most ``threads`` of this call's items run at once: each task takes the next item
-        lock, it = threading.Lock(), iter(enumerate(items))
-        results: dict[int, object] = {}
-
-        def drain() -> None:
-            while True:
-                with lock:
-                    nxt = next(it, None)
-                if nxt is None:
-                    return
-                results[nxt[0]] = fn(nxt[1])
-
-        futures = [_get_pool().submit(drain) for _ in range(threads)]
-        wait(futures)
-        for f in futures:
-            if f.exception() is not None:
-                raise f.exception()  # type: ignore[misc]
-        return [results[i] for i in range(len(items))]  # type: ignore[misc]
-    wait(futures)
-    for f in futures:
-        if f.exception() is not None:
-            raise f.exception()  # type: ignore[misc]
-    return [f.result() for f in futures]
+    return start_all(fn, items, threads).wait()
 
 
 class Pending:

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from featurelake.sequences import lookup as lookup_module
+from featurelake.sequences import heads as heads_module
 from featurelake.sequences.store import HEAD_FANOUT
 from test_sequences import events_with_ties, make_events, oracle, random_rows
 
@@ -70,7 +70,7 @@ def _edge_queries(hist: dict[int, np.ndarray], rng) -> tuple[list, list]:
 @pytest.mark.parametrize("matrix", [True, False])
 def test_two_level_lookup_edges_match_oracle(lake, monkeypatch, matrix):
     if not matrix:  # large batches search the top levels run by run instead of as one padded matrix
-        monkeypatch.setattr(lookup_module, "MATRIX_CELLS", 0)
+        monkeypatch.setattr(heads_module, "MATRIX_CELLS", 0)
     hist = _histories()
     st = _table(lake, hist)
     info = st.build(chunk_events=C)

@@ -368,7 +368,8 @@ def _extend_build(st: SequenceTable, ice, snap, layout: _Layout, backend: StoreB
     Returns None when the new events do not fit the base's codecs (a
     dictionary would grow past DICT_MAX): the caller builds from scratch.
     """
-    from featurelake.sequences.lookup import DEFAULT_BATCH_KEYS, SequenceStore, _Heads
+    from featurelake.sequences.heads import Heads
+    from featurelake.sequences.lookup import DEFAULT_BATCH_KEYS, SequenceStore
     from featurelake.sequences.store import _link_or_copy
 
     codec = KeyCodec.for_type(layout.key_type)
@@ -409,7 +410,7 @@ def _extend_build(st: SequenceTable, ice, snap, layout: _Layout, backend: StoreB
     key_vals = codec.values(new.column(layout.key).combine_chunks())
     times = _int_times(new.column(layout.time))
     users, first = np.unique(key_vals, return_index=True)   # first row of each user = its earliest new event
-    heads = _Heads(store, users, threads, DEFAULT_BATCH_KEYS, {})
+    heads = Heads(store, users, threads, DEFAULT_BATCH_KEYS, {})
     first_times = heads.first_times()
     prefix: dict = {}
     pair_users: list = []

@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from featurelake.errors import FeatureLakeError
-from featurelake.sequences.lookup import SequenceStore, _before_ints, _window_int
+from featurelake.sequences.lookup import SequenceStore
 from featurelake.sequences.codecs import FixedCodec
 
 LAYOUTS = ("list", "list_view")
@@ -88,22 +88,6 @@ def _list_view(n: int, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, values:
     return pa.ListViewArray.from_arrays(pa.array(offsets), pa.array(sizes), values, type=typ)
 
 
-def _prepare(store: SequenceStore, keys: pa.Array, before: Any, max_len: int | None, window: Any):
-    if max_len is not None and (isinstance(max_len, bool) or int(max_len) < 0):
-        raise FeatureLakeError(f"max_len must be a non-negative int or None, not {max_len!r}")
-    n = len(keys)
-    b, b_valid = _before_ints(before, n, store.time_type)
-    w = _window_int(window, store.time_type)
-    if w is not None and b is None:
-        raise FeatureLakeError("a window counts back from `before`: give before= too")
-    if not keys.null_count and (b_valid is None or b_valid.all()):
-        return n, b, w, np.arange(n)
-    valid = np.asarray(keys.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
-    if b_valid is not None:
-        valid &= b_valid
-    return n, b, w, np.flatnonzero(valid)
-
-
 def _new_stats(n: int) -> dict[str, int]:
     return {"rows": n, "users": 0, "head_bytes": 0, "chunk_bytes": 0, "chunk_values": 0, "events": 0,
             "decoded_bytes": 0, "pool_events": 0}
@@ -114,7 +98,7 @@ def lookup_view(store: SequenceStore, keys: pa.Array, before: Any, columns: Sequ
                 window: Any, threads: int, batch_keys: int) -> tuple[pa.ListViewArray, dict[str, int]]:
     """:meth:`SequenceStore.lookup` as a list view over the fetched chunks (same selection, no per-row copy)."""
     columns = store.check_columns(columns)
-    n, b, w, rows = _prepare(store, keys, before, max_len, window)
+    n, b, w, rows = store.prepare(keys, before, max_len, window)
     stats = _new_stats(n)
     typ = view_type(store, columns)
     fields = view_fields(store, columns)
@@ -310,7 +294,7 @@ class HistoryCache:
              batch_keys: int) -> tuple[pa.ListViewArray, dict[str, int]]:
         """One batch's list-view column over the arena (fetching the users it has not seen)."""
         store = self.store
-        n, b, w, rows = _prepare(store, keys, before, max_len, window)
+        n, b, w, rows = store.prepare(keys, before, max_len, window)
         stats = _new_stats(n)
         stats.update(cache_hits=0, cache_misses=0)
         lo = hi = np.zeros(0, np.int64)
