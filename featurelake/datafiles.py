@@ -41,7 +41,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.typedef import Record
 from pyiceberg.utils.properties import property_as_int
 
-from featurelake.state import _LRU
+from featurelake.lru import LRU
 from featurelake.storage import storage_of
 from featurelake.threads import run_all
 from featurelake.writer_settings import WriterSettings, column_encodings
@@ -67,7 +67,7 @@ class SchemaFacts:
     statistics: bool | list  # Parquet statistics to write
 
 
-_FACTS = _LRU(64)
+_FACTS = LRU(64)
 
 
 def schema_facts(meta: TableMetadata) -> SchemaFacts:

@@ -37,7 +37,7 @@ from featurelake.commit import cleanup_on_failure, delete_quietly, optimistic
 from featurelake.errors import InvalidArgumentError, SchemaMismatchError, SnapshotMovedError, UnknownKeyError
 from featurelake.index import encode, key_is_exact, read_key_columns
 from featurelake.keys import check_keys, conform_keys
-from featurelake.state import _LRU
+from featurelake.lru import LRU
 from featurelake.threads import run_all
 from featurelake.schema import RESERVED_PREFIX, arrow_schema, check_column_names, to_table
 from featurelake.updates import WRITE_THREADS, UpdateReport, _check_types, commit_update_files, fit_values
@@ -83,7 +83,7 @@ def scan_order(table: "Table", ice: IcebergTable, snapshot: Snapshot | None) -> 
     return found
 
 
-_ORDERS = _LRU(256)
+_ORDERS = LRU(256)
 
 
 def write_dense(

@@ -47,9 +47,8 @@ state does not see) stay counted until featurelake rewrites that file.
 """
 from __future__ import annotations
 
-import threading
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Iterable
@@ -60,6 +59,7 @@ from pyiceberg.table.refs import SnapshotRefType
 from pyiceberg.table.snapshots import Snapshot
 
 from featurelake import refs
+from featurelake.lru import LRU
 from featurelake.staleness import (  # noqa: F401  (public here as before)
     MAX_PENDING_LAYERS_PROPERTY,
     MAX_STALENESS_PROPERTY,
@@ -77,31 +77,6 @@ SMALL_FILE_BYTES = 32 * 1024 * 1024  # data files below this count as small (com
 
 
 # ---------------------------------------------------------------- caches
-class _LRU:
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.items: OrderedDict[Any, Any] = OrderedDict()
-        self.lock = threading.Lock()
-
-    def get(self, key: Any) -> Any:
-        with self.lock:
-            if key in self.items:
-                self.items.move_to_end(key)
-                return self.items[key]
-        return None
-
-    def put(self, key: Any, value: Any) -> None:
-        with self.lock:
-            self.items[key] = value
-            self.items.move_to_end(key)
-            while len(self.items) > self.size:
-                self.items.popitem(last=False)
-
-    def clear(self) -> None:
-        with self.lock:
-            self.items.clear()
-
-
 @dataclass(frozen=True)
 class _ManifestCounts:
     """What one data manifest contributes: live files, bytes, rows, small files per partition."""
@@ -121,9 +96,9 @@ class _StateCounts:
     oldest_update_ms: int | None = None  # commit time of the oldest live update file
 
 
-_MANIFESTS = _LRU(8192)  # (manifest path, small bytes) -> _ManifestCounts
-_STATES = _LRU(1024)  # state root path -> _StateCounts
-_HEALTH = _LRU(4096)  # (table uuid, snapshot id, small bytes, manifests?) -> dict
+_MANIFESTS = LRU(8192)  # (manifest path, small bytes) -> _ManifestCounts
+_STATES = LRU(1024)  # state root path -> _StateCounts
+_HEALTH = LRU(4096)  # (table uuid, snapshot id, small bytes, manifests?) -> dict
 
 _read_counters = Counter()  # manifests / state roots actually parsed (tests, benchmarks)
 

@@ -58,7 +58,7 @@ from pyiceberg.io import FileIO
 
 from featurelake import sorting
 from featurelake.errors import CorruptFileError
-from featurelake.state import _LRU
+from featurelake.lru import LRU
 from featurelake.storage import platform_dir, storage_of
 
 if TYPE_CHECKING:
@@ -66,10 +66,10 @@ if TYPE_CHECKING:
 
 MERGE_AT = 24  # merge segments once a snapshot references this many
 BUCKET_ROWS = 32_768  # entries per row group: a probe reads whole buckets, the footer keeps one range per bucket
-_FOOTERS = _LRU(256)  # path -> _Segment (footer, bucket ranges, open file)
+_FOOTERS = LRU(256)  # path -> _Segment (footer, bucket ranges, open file)
 # (path, bucket) -> _Entries, ~0.65 MB each: the default holds the index of ~130M keys, so steady
 # upserts into a large table do not re-read (and re-decode) every bucket they touch.
-_BUCKETS = _LRU(int(os.environ.get("FEATURELAKE_INDEX_CACHE_BUCKETS", "4096")))
+_BUCKETS = LRU(int(os.environ.get("FEATURELAKE_INDEX_CACHE_BUCKETS", "4096")))
 
 
 def is_exact(key_types: Sequence[pa.DataType]) -> bool:

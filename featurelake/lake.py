@@ -388,9 +388,9 @@ def _sql_catalog(uri: str, warehouse: str, **properties: str) -> Catalog:
     from pyiceberg.typedef import EMPTY_DICT
 
     from featurelake.metadata_json import write_table_metadata
-    from featurelake.state import _LRU
+    from featurelake.lru import LRU
 
-    parsed = _LRU(64)
+    parsed = LRU(64)
 
     class CachingSqlCatalog(SqlCatalog):
         """A SqlCatalog that parses each metadata file once and serialises each schema once.

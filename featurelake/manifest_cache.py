@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-
 from typing import Any
 
 import pyiceberg.table.snapshots as _snapshots
@@ -38,6 +37,8 @@ from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import PyArrowFile
 from pyiceberg.manifest import ManifestEntry, ManifestFile, ManifestListWriter, read_manifest_list
 from pyiceberg.manifest import _manifest_cache as _ice_manifest_cache
+
+from featurelake.lru import LRU
 
 MAX_ENTRIES = 500_000  # bounds memory: about 1-2 KB per entry
 
@@ -103,20 +104,15 @@ class _SizedInput:
 
 MAX_LISTS = 256
 _original_lists = _snapshots._manifests
-_lists: OrderedDict[str, tuple[ManifestFile, ...]] = OrderedDict()
+_lists = LRU(MAX_LISTS)  # manifest list path -> its manifests
 
 
 def _manifests(io: FileIO, manifest_list: str) -> tuple[ManifestFile, ...]:
-    with _lock:
-        hit = _lists.get(manifest_list)
-        if hit is not None:
-            _lists.move_to_end(manifest_list)
-            return hit
+    hit = _lists.get(manifest_list)
+    if hit is not None:
+        return hit
     found = _read_list(io, manifest_list)
-    with _lock:
-        _lists[manifest_list] = found
-        while len(_lists) > MAX_LISTS:
-            _lists.popitem(last=False)
+    _lists.put(manifest_list, found)
     return found
 
 
@@ -174,10 +170,7 @@ def _add_manifests(self: ManifestListWriter, manifest_files: list[ManifestFile])
     """Write the list as pyiceberg does, and remember exactly what was written under its path."""
     prepared = [self.prepare_manifest(m) for m in manifest_files]  # what the writer stores (sequence numbers set)
     self._writer.write_block(prepared)
-    with _lock:
-        _lists[self._output_file.location] = tuple(prepared)
-        while len(_lists) > MAX_LISTS:
-            _lists.popitem(last=False)
+    _lists.put(self._output_file.location, tuple(prepared))
     return self
 
 

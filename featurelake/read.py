@@ -43,7 +43,8 @@ from featurelake.filters import bind_filter, referenced_ids, relax_stale
 from featurelake.guard import manifest_errors
 from featurelake.overlay import apply_layers
 from featurelake.schema import LOCATOR_FILE, LOCATOR_POS, arrow_schema
-from featurelake.state import _LRU, PlatformState, UpdateEntry
+from featurelake.lru import LRU
+from featurelake.state import PlatformState, UpdateEntry
 from featurelake.storage import SMALL_OBJECT_BYTES, open_remote, storage_of
 
 if TYPE_CHECKING:
@@ -440,7 +441,7 @@ class Scan:
         self.report.files = len(tasks) - len(self.report.skipped_files)
 
 
-_SCHEMAS = _LRU(256)
+_SCHEMAS = LRU(256)
 
 
 def _schemas(ice: "IcebergTable", schema: Schema, needed: list[str], names: list[str]) -> tuple[Schema, pa.Schema]:
@@ -459,7 +460,7 @@ def _schemas(ice: "IcebergTable", schema: Schema, needed: list[str], names: list
     return found
 
 
-_PLANS = _LRU(32)  # (table, location, snapshot, current schema, filter) -> planned tasks
+_PLANS = LRU(32)  # (table, location, snapshot, current schema, filter) -> planned tasks
 _PLAN_CACHE_MAX_FILES = 20_000  # larger plans are planned each time (a task holds a DataFile: ~1-2 KB)
 
 

@@ -29,7 +29,7 @@ from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import pyarrow_to_schema
 from pyiceberg.schema import Schema, prune_columns
 
-from featurelake.state import _LRU
+from featurelake.lru import LRU
 from featurelake.storage import storage_of
 
 # On an object store a request costs ~10-50 ms, as much as reading megabytes: the projected column
@@ -134,7 +134,7 @@ class Footer:
 
 # Data and update files are immutable (new files get new names), so a footer parsed once serves every
 # later read. Local entries are keyed by (path, size, mtime): a file changed underneath is parsed again.
-_FOOTERS = _LRU(4096)
+_FOOTERS = LRU(4096)
 
 
 class SizedLRU:

@@ -30,7 +30,6 @@ import json
 import threading
 import uuid
 import zlib
-from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Iterator, Mapping
 
@@ -41,6 +40,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
 
 from featurelake.errors import CorruptFileError
+from featurelake.lru import LRU
 from featurelake.refs import ancestors
 from featurelake.storage import storage_of
 from featurelake.threads import start_all
@@ -318,32 +318,11 @@ class StateWriter:
 
 
 # ---------------------------------------------------------------- file cache
-class _LRU:
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.items: OrderedDict[str, object] = OrderedDict()
-        self.lock = threading.Lock()
-
-    def get(self, key: str):
-        with self.lock:
-            if key in self.items:
-                self.items.move_to_end(key)
-                return self.items[key]
-        return None
-
-    def put(self, key: str, value) -> None:
-        with self.lock:
-            self.items[key] = value
-            self.items.move_to_end(key)
-            while len(self.items) > self.size:
-                self.items.popitem(last=False)
-
-
-_ROOT_CACHE = _LRU(512)
-_SHARD_CACHE = _LRU(2048)
-_SPLIT_CACHE = _LRU(2048)
+_ROOT_CACHE = LRU(512)
+_SHARD_CACHE = LRU(2048)
+_SPLIT_CACHE = LRU(2048)
 _LOAD_LOCKS = [threading.Lock() for _ in range(16)]
-_ROOT_SIZES = _LRU(512)  # sizes of roots this process wrote, for the summary of the commit that references them
+_ROOT_SIZES = LRU(512)  # sizes of roots this process wrote, for the summary of the commit that references them
 
 
 def clear_caches() -> None:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections import OrderedDict
 from functools import lru_cache
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
 from featurelake.guard import note_created
+from featurelake.lru import LRU
 
 _SCHEME_ALIASES = {"s3a": "s3", "s3n": "s3", "gcs": "gs"}
 FOOTER_READ_BYTES = 64 << 10  # the tail Arrow's Parquet reader fetches first for the footer
@@ -255,15 +255,12 @@ def delete_stored(files: "list[StoredFile]") -> None:
                     pass
 
 
-_FILESYSTEMS: "OrderedDict[tuple, pafs.FileSystem]" = OrderedDict()  # (scheme, netloc, FileIO properties) -> filesystem
-_FS_LOCK = threading.Lock()
-_MAX_FILESYSTEMS = 32
+_FILESYSTEMS = LRU(32)  # (scheme, netloc, FileIO properties) -> filesystem
 
 
 def _forget_filesystems() -> None:  # a forked child builds its own clients (the parent's SDK threads are not there)
-    global _FS_LOCK
-    _FS_LOCK = threading.Lock()
-    _FILESYSTEMS.clear()
+    global _FILESYSTEMS
+    _FILESYSTEMS = LRU(32)
 
 
 os.register_at_fork(after_in_child=_forget_filesystems)
@@ -283,21 +280,15 @@ def _delay_s3_opens(io: PyArrowFileIO) -> None:
         # Every table load brings a new FileIO; building an S3 client costs ~10 ms, so a
         # filesystem is shared by FileIOs of exactly the same properties (new credentials: a new one).
         key = (scheme, netloc, tuple(sorted((str(k), str(v)) for k, v in io.properties.items())))
-        with _FS_LOCK:
-            fs = _FILESYSTEMS.get(key)
-            if fs is not None:
-                _FILESYSTEMS.move_to_end(key)
-                return fs
+        fs = _FILESYSTEMS.get(key)
+        if fs is not None:
+            return fs
         fs = initialize(scheme, netloc)
         if isinstance(fs, pafs.S3FileSystem):
             rebuild, (options,) = fs.__reduce__()
             if not options.get("allow_delayed_open"):
                 fs = rebuild({**options, "allow_delayed_open": True})
-        with _FS_LOCK:
-            fs = _FILESYSTEMS.setdefault(key, fs)
-            while len(_FILESYSTEMS) > _MAX_FILESYSTEMS:
-                _FILESYSTEMS.popitem(last=False)
-        return fs
+        return _FILESYSTEMS.put_first(key, fs)
 
     cached = lru_cache(delayed)
     cached._featurelake_delayed = True  # type: ignore[attr-defined]
