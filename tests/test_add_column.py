@@ -5,12 +5,11 @@ expected column from the keys.
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from backends import both_backends
 
 from featurelake import dense, index
 from featurelake.errors import DuplicateKeyError, InvalidArgumentError, SnapshotMovedError, UnknownKeyError
@@ -30,10 +29,6 @@ def _day(d: int, ids) -> pa.Table:
     ids = np.asarray(ids, dtype=np.int64)
     ts = np.datetime64("2024-01-01T00:00:00", "us") + d * DAY + np.arange(len(ids)).astype("timedelta64[s]")
     return pa.table({"id": ids, "ts": ts, "x": (ids * 0.5).astype(np.float32), "kind": np.array(["a", "b"])[ids % 2]}, schema=SCHEMA)
-
-
-def _files(root) -> set[str]:
-    return {os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs}
 
 
 @pytest.fixture
@@ -58,6 +53,7 @@ def test_scan_order_is_the_read_order(table):
     assert np.array_equal(got.column("_pos").to_numpy(), expected_pos)
 
 
+@both_backends
 def test_add_column_in_scan_order_equals_the_keyed_backfill(table):
     order = table.scan_order()
     keys = table.read(columns=["id"], snapshot_id=order.snapshot_id).column("id").to_numpy()
@@ -87,35 +83,37 @@ def test_add_column_by_key_sort_merges_keys_in_any_order(table, monkeypatch, dir
     assert table.last_update_report.update_files == len(order.files)
 
 
-def _nothing_written(table, root, action, error):
-    before_files, before_snaps = _files(root), table.branches()
+def _nothing_written(table, backend, action, error):
+    """``action`` raises ``error``; the store's listing (its own client) and every branch head are unchanged."""
+    before_files, before_snaps = backend.files(), table.branches()
     with pytest.raises(error):
         action()
-    assert _files(root) == before_files
+    assert backend.files() == before_files
     assert table.branches() == before_snaps
 
 
-def test_add_column_refused_when_the_snapshot_moved(table, lake):
+@both_backends
+def test_add_column_refused_when_the_snapshot_moved(table, backend):
     order = table.scan_order()
     keys = table.read(columns=["id"], snapshot_id=order.snapshot_id).column("id").to_numpy()
     table.append(_day(9, [5000]))  # the branch moves on
-    root = lake.home
-    _nothing_written(table, root, lambda: table.add_column("y", pa.array(keys), snapshot_id=order.snapshot_id), SnapshotMovedError)
+    _nothing_written(table, backend, lambda: table.add_column("y", pa.array(keys), snapshot_id=order.snapshot_id), SnapshotMovedError)
     assert "y" not in table.schema.names
 
 
-def test_add_column_bad_input_writes_nothing(table, lake):
+@both_backends
+def test_add_column_bad_input_writes_nothing(table, backend):
     order = table.scan_order()
-    n, root, sid = order.total_rows, lake.home, order.snapshot_id
+    n, sid = order.total_rows, order.snapshot_id
     keys = table.read(columns=["id"]).column("id").to_numpy()
-    _nothing_written(table, root, lambda: table.add_column("y", pa.array(np.ones(n - 1)), snapshot_id=sid), InvalidArgumentError)
-    _nothing_written(table, root, lambda: table.add_column("y", pa.array(np.ones(n)), snapshot_id=None), InvalidArgumentError)
+    _nothing_written(table, backend, lambda: table.add_column("y", pa.array(np.ones(n - 1)), snapshot_id=sid), InvalidArgumentError)
+    _nothing_written(table, backend, lambda: table.add_column("y", pa.array(np.ones(n)), snapshot_id=None), InvalidArgumentError)
     missing = keys.copy()
     missing[0] = 10**9  # one key not in the table, one row without a value
-    _nothing_written(table, root, lambda: table.add_column("y", pa.array(np.ones(n)), snapshot_id=sid, keys=pa.array(missing)), UnknownKeyError)
+    _nothing_written(table, backend, lambda: table.add_column("y", pa.array(np.ones(n)), snapshot_id=sid, keys=pa.array(missing)), UnknownKeyError)
     repeated = keys.copy()
     repeated[0] = repeated[1]
-    _nothing_written(table, root, lambda: table.add_column("y", pa.array(np.ones(n)), snapshot_id=sid, keys=pa.array(repeated)), DuplicateKeyError)
+    _nothing_written(table, backend, lambda: table.add_column("y", pa.array(np.ones(n)), snapshot_id=sid, keys=pa.array(repeated)), DuplicateKeyError)
     assert "y" not in table.schema.names
 
 
@@ -138,13 +136,14 @@ def test_index_extend_does_not_read_back_files_whose_keys_it_is_given(table):
     assert len(new) == 1 and new[0]["rows"] == 1
 
 
-def test_data_files_use_dictionaries_only_where_values_repeat(lake):
-    t = lake.create_table("ns.enc", SCHEMA, primary_key="id", partition_by=["day(ts)"])
+@both_backends
+def test_data_files_use_dictionaries_only_where_values_repeat(backend):
+    t = backend.lake.create_table("ns.enc", SCHEMA, primary_key="id", partition_by=["day(ts)"])
     rng = np.random.default_rng(0)
     rows = _day(0, np.arange(5000)).set_column(2, pa.field("x", pa.float32()), pa.array(rng.standard_normal(5000, dtype=np.float32)))
     t.append(rows)
     [path] = [f.file_path for f in snapshot_files(t.refresh(), t.refresh().current_snapshot()).values()]
-    md = pq.ParquetFile(path.removeprefix("file://")).metadata
+    md = pq.ParquetFile(pa.BufferReader(backend.read_bytes(path))).metadata
     cols = {md.schema.column(i).name: md.row_group(0).column(i) for i in range(md.num_columns)}
     assert "PLAIN_DICTIONARY" not in cols["x"].encodings and "RLE_DICTIONARY" not in cols["x"].encodings  # distinct floats
     assert "RLE_DICTIONARY" in cols["kind"].encodings  # two values

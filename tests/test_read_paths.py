@@ -6,7 +6,11 @@
 * footers and plans cached across reads: a data file rewritten underneath
   (same path) is parsed again, never served from the cache;
 * the per-column codec choice: distinct floats are written plain, columns
-  that compress keep the table's codec, and values read back equal.
+  that compress keep the table's codec, and values read back equal (on local
+  disk and on S3, the footers read back with the store's own client).
+
+The footer-cache check stays local: on an object store data files are
+immutable by design and a fragment keeps its footer (no HEAD per read).
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from backends import both_backends
 
 from featurelake import Lake
 from featurelake.datafiles import column_codecs, delta_columns
@@ -81,7 +86,13 @@ def test_a_data_file_rewritten_underneath_is_not_served_from_the_footer_cache(tm
     assert t.read().column("x").to_pylist() == (np.arange(100.0) * 2).tolist()
 
 
-def test_floats_that_do_not_compress_are_written_plain_and_read_back_equal(tmp_path):
+def _footer(backend, location: str) -> pq.FileMetaData:
+    """The Parquet footer of a stored file, read with the backend's own client."""
+    return pq.ParquetFile(pa.BufferReader(backend.read_bytes(location))).metadata
+
+
+@both_backends
+def test_floats_that_do_not_compress_are_written_plain_and_read_back_equal(backend):
     rng = np.random.default_rng(0)
     n = 20_000
     data = pa.table({
@@ -97,13 +108,13 @@ def test_floats_that_do_not_compress_are_written_plain_and_read_back_equal(tmp_p
     assert column_codecs(data, leaves, "zstd")["id"] == "zstd"  # not delta-packed: sorted ids compress
     assert column_codecs(data, leaves, "uncompressed") == "none"
 
-    lake = Lake(tmp_path / "lake")
+    lake = backend.lake
     schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("noise", pa.float32()),
                         pa.field("rounded", pa.float64()), pa.field("name", pa.string())])
     t = lake.create_table("ns.t", schema, primary_key="id", properties={"write.parquet.compression-codec": "zstd"})
     t.append(data)
     (task,) = t.scan().tasks()
-    meta = pq.ParquetFile(task.file.file_path.removeprefix("file://")).metadata.row_group(0)
+    meta = _footer(backend, task.file.file_path).row_group(0)
     written = {meta.column(i).path_in_schema: meta.column(i).compression for i in range(meta.num_columns)}
     assert written == {"id": "UNCOMPRESSED", "noise": "UNCOMPRESSED", "rounded": "ZSTD", "name": "ZSTD"}
     assert "DELTA_BINARY_PACKED" in meta.column(0).encodings
@@ -113,18 +124,19 @@ def test_floats_that_do_not_compress_are_written_plain_and_read_back_equal(tmp_p
         assert got[name].to_pylist() == data[name].to_pylist(), name
 
 
-def test_a_compression_level_applies_to_the_compressed_columns_only(tmp_path):
+@both_backends
+def test_a_compression_level_applies_to_the_compressed_columns_only(backend):
     rng = np.random.default_rng(1)
     n = 5_000
     schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("name", pa.string()), pa.field("noise", pa.float64())])
-    t = Lake(tmp_path / "lake").create_table("ns.t", schema, primary_key="id",
+    t = backend.lake.create_table("ns.t", schema, primary_key="id",
                                              properties={"write.parquet.compression-codec": "zstd",
                                                                          "write.parquet.compression-level": "9"})
     data = pa.table({"id": pa.array(np.arange(n), pa.int64()), "name": pa.array([f"n{i % 7}" for i in range(n)]),
                      "noise": pa.array(rng.standard_normal(n))})
     t.append(data)
     (task,) = t.scan().tasks()
-    meta = pq.ParquetFile(task.file.file_path.removeprefix("file://")).metadata.row_group(0)
+    meta = _footer(backend, task.file.file_path).row_group(0)
     assert [meta.column(i).compression for i in range(3)] == ["UNCOMPRESSED", "ZSTD", "UNCOMPRESSED"]
     got = t.read().sort_by("id")
     for name in data.column_names:

@@ -1,4 +1,7 @@
-"""lake.sql: DuckDB over the merge-on-read reader, checked against t.read + pandas on an un-compacted table."""
+"""lake.sql: DuckDB over the merge-on-read reader, checked against t.read + pandas on an un-compacted table.
+
+The merged-read and branch/snapshot tests also run on REST + S3 (``@both_backends``).
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -6,6 +9,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from backends import both_backends
 
 from featurelake.errors import BranchNotFoundError, InvalidArgumentError
 from featurelake.sql import plan
@@ -27,6 +31,7 @@ def samples(lake):
     return t
 
 
+@both_backends
 def test_sql_matches_merged_read_and_not_the_stale_one(lake, samples):
     query = (
         "select user_id, count(*) as n, sum(f0) as f0, sum(score) as score from ml.samples "
@@ -68,6 +73,7 @@ def test_pushed_filter_sees_merged_values(lake, samples):
     assert got == sorted(expected)
 
 
+@both_backends
 def test_branches_and_snapshots_are_addressable(lake, samples):
     before = samples.branches()["main"]
     samples.create_branch("research/ctr")
