@@ -7,12 +7,16 @@ that `before` and window bounds can land exactly on event times, on the first
 event of a chunk and on the first chunk of a head page. The oracle
 (:func:`test_sequences.oracle`, pandas) is the definition: events with time <
 before (and >= before - window), ordered by (time, event id), the last N.
+
+The incremental build and the random-rows test also run on REST + S3: the events
+are read from the bucket and the store is built into the lake's local cache_dir.
 """
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
 import pytest
+from backends import both_backends
 
 from featurelake.sequences import heads as heads_module
 from featurelake.sequences.store import HEAD_FANOUT
@@ -117,6 +121,7 @@ def test_two_level_head_reads_stay_small(lake):
     assert st.last_lookup_stats["head_bytes"] <= (2 + n_chunks // HEAD_FANOUT + 2 * HEAD_FANOUT) * 8
 
 
+@both_backends
 def test_incremental_build_over_two_level_heads(lake):
     """Appends into and after long histories (and a user growing past the single-level limit) extend the pages."""
     page = HEAD_FANOUT * C
@@ -146,7 +151,12 @@ def test_incremental_build_over_two_level_heads(lake):
     assert a.to_pylist() == b.to_pylist()
 
 
-@pytest.mark.parametrize("threads", [1, 4])
+@pytest.mark.parametrize(
+    "backend, threads",
+    [("local", 1), ("local", 4), pytest.param("s3", 4, marks=pytest.mark.s3)],
+    ids=["local-1", "local-4", "s3-4"],
+    indirect=["backend"],
+)
 def test_random_rows_with_timestamp_times_and_long_users(lake, threads):
     """Random (user, time) rows over users with short and two-level histories, timestamps with ties."""
     st = make_events(lake, "ml.mixed")

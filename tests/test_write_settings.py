@@ -1,9 +1,13 @@
 """The write path's settings and machinery: one place for Parquet settings, the shared writer pool,
 the dictionary decision and the scan-order cache.
 
-Oracles: the Parquet footer of the files written (pyarrow's own reader), pyarrow
-compute for the dictionary rule, plain Python for the pool, and the table's
-read for every round trip.
+Oracles: the Parquet footer of the files written (pyarrow's own reader, the
+bytes fetched with the store's own client), pyarrow compute for the dictionary
+rule, plain Python for the pool, and the table's read for every round trip.
+
+On REST + S3 too: one codec, the scan-order cache and the partition cut. The
+metadata-JSON check stays on the embedded catalog: it tests that catalog's own
+metadata writer, while a REST catalog writes the metadata file on its server.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from backends import Backend, both_backends
 
 from featurelake import threads
 from featurelake.datafiles import DICTIONARY_MAX_DISTINCT, DICTIONARY_SAMPLE, _repeats
@@ -38,23 +43,37 @@ def _rows(n: int, start: int = 0, day: int = 0) -> pa.Table:
                     schema=SCHEMA)
 
 
-def _codecs(path: str) -> set[str]:
-    md = pq.ParquetFile(path.removeprefix("file://")).metadata
+S3 = pytest.mark.s3
+
+
+def _read_parquet(backend: Backend, location: str) -> pq.ParquetFile:
+    """A stored Parquet file, its bytes fetched with the backend's own client."""
+    return pq.ParquetFile(pa.BufferReader(backend.read_bytes(location)))
+
+
+def _codecs(backend: Backend, path: str) -> set[str]:
+    md = _read_parquet(backend, path).metadata
     return {md.row_group(r).column(c).compression for r in range(md.num_row_groups) for c in range(md.num_columns)}
 
 
-def _written_codecs(t) -> tuple[set[str], set[str]]:
+def _written_codecs(t, backend: Backend) -> tuple[set[str], set[str]]:
     """Codecs of the current snapshot's data files, and of its update files."""
     ice = t.refresh()
     head = ice.current_snapshot()
-    data = set().union(*(_codecs(p) for p in snapshot_files(ice, head)))
+    data = set().union(*(_codecs(backend, p) for p in snapshot_files(ice, head)))
     state = state_of(ice.metadata, ice.io, head)
-    updates = set().union(*(_codecs(e.update_file) for e in state.entries()))
+    updates = set().union(*(_codecs(backend, e.update_file) for e in state.entries()))
     return data, updates
 
 
-@pytest.mark.parametrize("codec", [None, "zstd", "snappy"], ids=["default", "zstd", "snappy"])
-def test_data_and_update_files_use_the_tables_codec_and_read_back_equal(lake, codec):
+@pytest.mark.parametrize(
+    "backend, codec",
+    [("local", None), ("local", "zstd"), ("local", "snappy"), pytest.param("s3", "zstd", marks=S3)],
+    ids=["local-default", "local-zstd", "local-snappy", "s3-zstd"],
+    indirect=["backend"],
+)
+def test_data_and_update_files_use_the_tables_codec_and_read_back_equal(backend, codec):
+    lake = backend.lake
     props = {} if codec is None else {"write.parquet.compression-codec": codec}
     t = lake.create_table(f"ns.c_{codec or 'default'}", SCHEMA, primary_key="id", partition_by=["day(ts)"], properties=props)
     rows = pa.concat_tables([_rows(3000, 0, 0), _rows(2000, 3000, 1)])
@@ -63,7 +82,7 @@ def test_data_and_update_files_use_the_tables_codec_and_read_back_equal(lake, co
     keys = t.read(columns=["id"]).column("id").to_numpy()
     t.add_column("y", pa.array(keys * 2.0), snapshot_id=order.snapshot_id)
     t.backfill(pa.table({"id": pa.array([5, 4000], pa.int64()), "x": pa.array([7.5, -1.0], pa.float32())}))
-    data, updates = _written_codecs(t)
+    data, updates = _written_codecs(t, backend)
     want = {"LZ4": {"LZ4", "LZ4_RAW"}, "ZSTD": {"ZSTD"}, "SNAPPY": {"SNAPPY"}}[(codec or DEFAULTS.codec).upper()]
     # a column the codec does not shrink (delta-packed ints, distinct floats) is written plain: datafiles.column_codecs
     assert data & want and data <= want | {"UNCOMPRESSED"}, data   # the dictionary-coded "kind" keeps the codec
@@ -159,6 +178,7 @@ def test_run_all_keeps_order_caps_threads_and_nests_without_deadlock():
     assert nested == [i * sum(range(threads.MAX_THREADS * 2)) for i in range(threads.MAX_THREADS * 2)]
 
 
+@both_backends
 def test_scan_order_of_a_past_snapshot_stays_its_read_order(lake):
     t = lake.create_table("ns.so", SCHEMA, primary_key="id", partition_by=["day(ts)"])
     t.append(_rows(300, 0, 0))
@@ -211,11 +231,16 @@ def test_metadata_json_is_pyicebergs_document_for_every_commit_of_a_long_history
     assert got.num_rows == 210 and set(got.column("c5").to_pylist()) == {5.0}
 
 
-@pytest.mark.parametrize("layout", ["contiguous-out-of-order", "interleaved"])
-def test_partitions_are_cut_in_input_order_whether_contiguous_or_not(lake, layout):
+@pytest.mark.parametrize(
+    "backend, layout",
+    [("local", "contiguous-out-of-order"), ("local", "interleaved"), pytest.param("s3", "interleaved", marks=S3)],
+    ids=["local-contiguous-out-of-order", "local-interleaved", "s3-interleaved"],
+    indirect=["backend"],
+)
+def test_partitions_are_cut_in_input_order_whether_contiguous_or_not(backend, layout):
     """Days given as runs (sliced without a copy) or interleaved (sorted): one file per day, each file's rows
     in input order, every row read back, the index right."""
-    t = lake.create_table(f"ns.p_{layout.replace('-', '_')}", SCHEMA, primary_key="id", partition_by=["day(ts)"])
+    t = backend.lake.create_table(f"ns.p_{layout.replace('-', '_')}", SCHEMA, primary_key="id", partition_by=["day(ts)"])
     days = [_rows(300, 1000 * d, d).take(pa.array(np.random.default_rng(d).permutation(300))) for d in (2, 0, 1)]
     if layout == "contiguous-out-of-order":
         batch = pa.concat_tables(days)
@@ -226,7 +251,7 @@ def test_partitions_are_cut_in_input_order_whether_contiguous_or_not(lake, layou
     files = list(snapshot_files(ice, ice.current_snapshot()))
     assert len(files) == 3
     for path in files:
-        got = pq.read_table(path.removeprefix("file://")).column("id").to_pylist()
+        got = _read_parquet(backend, path).read().column("id").to_pylist()
         day_of = got[0] // 1000
         expected = [k for k in batch.column("id").to_pylist() if k // 1000 == day_of]
         assert got == expected  # input order inside the partition
