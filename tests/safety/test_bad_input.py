@@ -7,8 +7,14 @@ ref of every table are the same before and after. Iceberg metadata holds
 absolute paths, so a copied home would still write to the original: the
 cases share the lake instead, each checking its own before/after.
 
+On REST + S3, one API case per error class (and a few more on the write
+paths) runs against a module lake on the session's SeaweedFS: the bucket is
+listed (keys and sizes) with the test's own pyarrow S3 client, and the
+catalog's namespaces, tables and refs are compared before and after.
+
 Damaged files, a read-only warehouse and a full disk need a lake of their
-own; they follow the catalogue.
+own; they follow the catalogue (local disk only: they damage files or the
+disk underneath the lake).
 """
 from __future__ import annotations
 
@@ -79,8 +85,9 @@ def rows(ids, **overrides) -> pa.Table:
     return pa.table(cols)
 
 
-def build_lake(home: Path) -> Lake:
-    lake = Lake(home)
+def build_lake(home: Path | Lake) -> Lake:
+    """The catalogue's lake: the embedded one at ``home``, or the given (empty) lake."""
+    lake = home if isinstance(home, Lake) else Lake(home)
     t = lake.create_table(TABLE, SCHEMA, primary_key="id")
     t.append(rows(range(N)).cast(SCHEMA))
     t.backfill(pa.table({"id": pa.array([1, 2], pa.int64()), "lab": pa.array([5, 6], pa.int64())}))
@@ -273,6 +280,56 @@ def test_bad_input_is_refused_and_writes_nothing(shared, error, action):
 
 def test_catalogue_is_large_enough():
     assert len(API_CASES) + len(CLI_CASES) >= 60
+
+
+# ------------------------------------------------------- the catalogue on S3
+# Every error class of the API catalogue once, plus more write paths (create on the
+# REST catalog, append/backfill/upsert that would upload before the refusal).
+S3_CASE_IDS = [
+    "table-name-trailing-newline", "open-missing-table", "bucket-zero", "create-existing",
+    "append-null-required", "append-null-key", "append-existing-key", "append-to-tag",
+    "backfill-unknown-key", "backfill-locator-changed-key", "upsert-new-key-missing-required",
+]
+S3_CASES = [c for c in API_CASES if c[0] in S3_CASE_IDS]
+
+
+def test_s3_cases_cover_every_error_class_of_the_catalogue():
+    assert len(S3_CASES) == len(S3_CASE_IDS)
+    assert {c[1] for c in S3_CASES} == {c[1] for c in API_CASES}
+
+
+@pytest.fixture(scope="module")
+def shared_s3(seaweed, tmp_path_factory):
+    """The catalogue's lake on the session's REST catalog + S3 (emptied first), and the bucket's own client."""
+    lake = Lake.from_uri(seaweed.catalog_uri, seaweed.warehouse, cache_dir=tmp_path_factory.mktemp("bad_input_s3"),
+                         **seaweed.catalog_properties())
+    for name in lake.tables():
+        lake.drop_table(name, purge=True)
+    return build_lake(lake), seaweed.filesystem()
+
+
+def s3_fingerprint(lake: Lake, fs) -> tuple:
+    """Every object of the warehouse bucket with its size (listed by ``fs``), and the catalog's
+    namespaces, tables and every ref's snapshot id."""
+    import pyarrow.fs as pafs
+
+    bucket = str(lake.warehouse).removeprefix("s3://").strip("/")
+    infos = fs.get_file_info(pafs.FileSelector(bucket, recursive=True))
+    objects = sorted((i.path, i.size) for i in infos if i.type == pafs.FileType.File)
+    refs = {name: {r: ref.snapshot_id for r, ref in lake.table(name).iceberg.metadata.refs.items()} for name in lake.tables()}
+    return objects, sorted(lake.catalog.list_namespaces()), refs
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("error, action", [c[1:] for c in S3_CASES], ids=[c[0] for c in S3_CASES])
+def test_bad_input_on_s3_is_refused_and_writes_nothing(shared_s3, error, action):
+    lake, fs = shared_s3
+    before = s3_fingerprint(lake, fs)
+    assert before[0] and TABLE in before[2]  # the bucket holds the module's table
+    with pytest.raises(error) as info:
+        action(lake, lake.table(TABLE), None, None)
+    assert type(info.value) is error, type(info.value)
+    assert s3_fingerprint(lake, fs) == before
 
 
 # ------------------------------------------------------- named item checks
