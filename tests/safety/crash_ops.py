@@ -3,8 +3,11 @@ the instrumentation that SIGKILLs the process at its Nth file create or catalog 
 
 The instrumentation wraps the real calls, without engine changes: pyiceberg's FileIO output
 ``create`` (every data, update, index, state, manifest and metadata file the platform writes goes
-through it), FileIO ``delete``, and the SQL catalog's ``commit_table`` and ``create_table``. Each
-call is two events, one before and one after; the process kills itself at event ``kill_at``.
+through it), FileIO ``delete``, and the SQL and REST catalogs' ``commit_table`` and
+``create_table``. Each call is two events, one before and one after; the process kills itself at
+event ``kill_at`` (its 1-based number, or the first event of that name).
+A lake is named by ``where``: the home folder of an embedded lake, or a dict of
+``Lake.from_uri`` arguments (REST + S3: ``uri``, ``warehouse`` and the catalog properties).
 This module is imported by the forkserver's children, so it keeps to the engine and pyarrow.
 """
 from __future__ import annotations
@@ -58,11 +61,19 @@ DEV_BACKFILL = (range(0, 50), lambda i: -i)  # on branch dev, after the fork
 U1 = rows(range(290, 310), v=lambda i: i * 10, s="u")  # on main, last
 
 
-def build_base(home: Path) -> dict:
-    """The lake every trial starts from; returns the snapshot ids to name (``u1``)."""
+def open_lake(where: "str | Path | dict"):
+    """The lake at ``where``: an embedded home folder, or ``Lake.from_uri`` arguments (a dict)."""
     from featurelake import Lake
 
-    lake = Lake(home)
+    if isinstance(where, dict):
+        args = dict(where)
+        return Lake.from_uri(args.pop("uri"), args.pop("warehouse"), **args)
+    return Lake(where)
+
+
+def build_base(where: "str | Path | dict") -> dict:
+    """The lake every trial starts from; returns the snapshot ids to name (``u1``)."""
+    lake = open_lake(where)
     t = lake.create_table(TABLE, SCHEMA, primary_key=KEY)
     t.append(A1)
     t.append(A2)
@@ -87,11 +98,9 @@ BACKFILLED = (range(100, 150), lambda i: 7)
 UPSERTED = rows(range(280, 320), v=lambda i: i + 5, s="x")
 
 
-def run(home: str, kind: str, names: dict) -> None:
-    """The write of ``kind`` on the base lake at ``home``."""
-    from featurelake import Lake
-
-    lake = Lake(home)
+def run(where: "str | dict", kind: str, names: dict) -> None:
+    """The write of ``kind`` on the base lake at ``where``."""
+    lake = open_lake(where)
     if kind == "create_table":
         lake.create_table(NEW_TABLE, SCHEMA, primary_key=KEY)
         return
@@ -151,18 +160,20 @@ MOVES = {
 
 # ----------------------------------------------------------------------------- instrumentation
 class Tripwire:
-    """Counts file creates/deletes and catalog commits; SIGKILLs this process at event ``kill_at``."""
+    """Counts file creates/deletes and catalog commits; SIGKILLs this process at event ``kill_at``
+    (its 1-based number, or the first event named ``kill_at``)."""
 
-    def __init__(self, kill_at: int) -> None:
+    def __init__(self, kill_at: int | str) -> None:
         self.kill_at = kill_at
         self.events: list[str] = []
 
     def event(self, name: str) -> None:
         self.events.append(name)
-        if len(self.events) == self.kill_at:
+        if len(self.events) == self.kill_at or name == self.kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
 
     def install(self) -> None:
+        from pyiceberg.catalog.rest import RestCatalog
         from pyiceberg.catalog.sql import SqlCatalog
         from pyiceberg.io.pyarrow import PyArrowFile, PyArrowFileIO
 
@@ -182,8 +193,9 @@ class Tripwire:
 
         around(PyArrowFile, "create", lambda f, *a, **k: f"create {_kind_of(f.location)}")
         around(PyArrowFileIO, "delete", lambda io, loc, *a, **k: f"delete {_kind_of(str(getattr(loc, 'location', loc)))}")
-        around(SqlCatalog, "commit_table", lambda *a, **k: "commit_table")
-        around(SqlCatalog, "create_table", lambda *a, **k: "create_table")
+        for catalog in (SqlCatalog, RestCatalog):
+            around(catalog, "commit_table", lambda *a, **k: "commit_table")
+            around(catalog, "create_table", lambda *a, **k: "create_table")
 
 
 def _kind_of(location: str) -> str:
@@ -197,12 +209,12 @@ def _kind_of(location: str) -> str:
     return location.rsplit("/", 2)[-2] + "/" + name.rsplit(".", 1)[-1]
 
 
-def child(home: str, kind: str, names: dict, kill_at: int, report: str, started=None) -> None:
+def child(where: "str | dict", kind: str, names: dict, kill_at: int | str, report: str, started=None) -> None:
     """Entry point of a trial's process: instrument, signal start, run ``kind``, write the events."""
     wire = Tripwire(kill_at)
     wire.install()
     if started is not None:
         started.set()
     t0 = time.perf_counter()
-    run(home, kind, names)
+    run(where, kind, names)
     Path(report).write_text(json.dumps({"events": wire.events, "seconds": time.perf_counter() - t0}))

@@ -14,6 +14,11 @@ see crash_ops.Tripwire), or after a random delay. Then, in this process:
 
 By default a seeded sample of points per kind runs (FEATURELAKE_CRASH_SEED, default 0);
 ``pytest --long`` tries every point and more random delays.
+
+On REST + S3 (``test_kill_minus_nine_at_a_commit_on_s3``) a few write kinds are killed at the
+REST catalog's commit, just before or just after it (seeded; both under ``--long``). A bucket
+cannot be copied like a home folder, so each trial rebuilds the base lake on the session's
+SeaweedFS; the checks are the same (oracles per ref, index, GC, the write again).
 """
 from __future__ import annotations
 
@@ -65,12 +70,15 @@ def _fresh(root: Path) -> Path:
     return home
 
 
-def _run_child(ctx, home: Path, kind: str, names: dict, kill_at: int, delay: float | None = None) -> dict | None:
-    """Run ``kind`` in a child; returns its report, or None when it was killed."""
+def _run_child(ctx, home: Path, kind: str, names: dict, kill_at: int | str, delay: float | None = None,
+               where: dict | None = None) -> dict | None:
+    """Run ``kind`` in a child on the lake at ``where`` (default: the home folder ``home``); returns its
+    report (written beside ``home``), or None when it was killed."""
     report = home.parent / "report.json"
     report.unlink(missing_ok=True)
     started = ctx.Event()
-    proc = ctx.Process(target=ops.child, args=(str(home), kind, names, kill_at, str(report), started))
+    target = str(home) if where is None else where
+    proc = ctx.Process(target=ops.child, args=(target, kind, names, kill_at, str(report), started))
     proc.start()
     if delay is not None:
         assert started.wait(60)
@@ -90,10 +98,10 @@ def _rows(table: pa.Table) -> list[dict]:
     return table.select(ops.SCHEMA.names).sort_by(ops.KEY).to_pylist()
 
 
-def _check_refs(home: Path, kind: str, pre_ids: dict) -> dict[str, str]:
+def _check_refs(home: "Path | dict", kind: str, pre_ids: dict) -> dict[str, str]:
     """Every ref at its pre- or post-state, readable, indexed right; returns ref -> 'pre'/'post'."""
     pre, post = ops.base_oracles(), ops.post_oracles(kind)
-    lake = Lake(home)
+    lake = ops.open_lake(home)
     t = lake.table(ops.TABLE)
     ice = t.refresh()
     heads = {name: ref.snapshot_id for name, ref in ice.metadata.refs.items()}
@@ -120,16 +128,18 @@ def _check_refs(home: Path, kind: str, pre_ids: dict) -> dict[str, str]:
     return states
 
 
-def _check_trial(home: Path, kind: str, names: dict, pre_ids: dict, label: str) -> None:
+def _check_trial(home: "Path | dict", kind: str, names: dict, pre_ids: dict, label: str) -> dict[str, str]:
+    """The checks after a kill (see the module docstring); returns the state each ref was left in."""
     states = _check_refs(home, kind, pre_ids)
-    Lake(home).collect_garbage(older_than=timedelta(0))
+    ops.open_lake(home).collect_garbage(older_than=timedelta(0))
     assert _check_refs(home, kind, pre_ids) == states, (kind, label)
     at_pre = all(states.get(ref) != "post" for ref in ops.MOVES[kind] | {ops.NEW_TABLE})
     if at_pre and kind not in ("compact", "expire_gc"):  # the same write again reaches the post-state
-        ops.run(str(home), kind, names)
+        ops.run(home if isinstance(home, dict) else str(home), kind, names)
         assert set(_check_refs(home, kind, pre_ids).values()) <= {"pre", "post"}
         assert "post" in _check_refs(home, kind, pre_ids).values() or kind == "create_table"
     TRIALS[f"{kind}:{'pre' if at_pre else 'post'}"] += 1
+    return states
 
 
 def _sample(events: list[str], long_run: bool, rng: random.Random) -> list[int]:
@@ -165,3 +175,39 @@ def test_kill_minus_nine(kind, base, forkserver, long_run):
         delay = rng.uniform(0, full["seconds"] * 1.2)
         _run_child(forkserver, home, kind, names, kill_at=-1, delay=delay)
         _check_trial(home, kind, names, pre_ids, f"random delay {delay:.3f} s")
+
+
+# ------------------------------------------------------------------ REST + S3
+S3_KINDS = ("append", "upsert", "compact", "merge")  # new files, index + updates, a rewrite, a merge commit
+
+
+@pytest.fixture(scope="module")
+def s3_where(seaweed, tmp_path_factory) -> dict:
+    """``Lake.from_uri`` arguments of the session's REST catalog + S3 (a local cache folder of its own)."""
+    cache = tmp_path_factory.mktemp("crash-s3")
+    return {"uri": seaweed.catalog_uri, "warehouse": seaweed.warehouse, "cache_dir": str(cache / "cache"),
+            **seaweed.catalog_properties()}
+
+
+def _fresh_s3(where: dict) -> tuple[dict, dict]:
+    """The base lake rebuilt on an emptied catalog: (names, each ref's snapshot id)."""
+    lake = ops.open_lake(where)
+    for name in lake.tables():
+        lake.drop_table(name, purge=True)
+    names = ops.build_base(where)
+    ice = ops.open_lake(where).table(ops.TABLE).refresh()
+    return names, {name: ref.snapshot_id for name, ref in ice.metadata.refs.items()}
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("kind", S3_KINDS)
+def test_kill_minus_nine_at_a_commit_on_s3(kind, s3_where, forkserver, long_run):
+    rng = random.Random(f"{SEED}-s3-{kind}")
+    sides = ["before", "after"] if long_run else [rng.choice(["before", "after"])]
+    report_dir = Path(s3_where["cache_dir"]).parent / "trial"
+    for side in sides:
+        names, pre_ids = _fresh_s3(s3_where)
+        assert _run_child(forkserver, report_dir, kind, names, kill_at=f"{side} commit_table", where=s3_where) is None
+        states = _check_trial(s3_where, kind, names, pre_ids, f"{side} commit_table")
+        # killed before the catalog commit: nothing moved; after it: the write is there
+        assert {states[ref] for ref in ops.MOVES[kind]} == {"pre" if side == "before" else "post"}, (kind, side, states)
