@@ -1,4 +1,8 @@
-"""Python API input friction: pandas default dtypes, polars and Arrow-stream objects, to_pandas/to_polars."""
+"""Python API input friction: pandas default dtypes, polars and Arrow-stream objects, to_pandas/to_polars.
+
+Input is converted in memory before any I/O, so these run on the embedded lake; one lossy
+cast is also refused on REST + S3, with the bucket listed before and after.
+"""
 from __future__ import annotations
 
 import datetime as dt
@@ -28,8 +32,9 @@ def table(lake):
     return lake.create_table("ml.t", SCHEMA, primary_key="id")
 
 
-def _files(lake) -> list[str]:
-    return sorted(str(p) for p in lake.home.rglob("*") if p.is_file() and p.name != "catalog.db")
+def _files(backend) -> list[str]:
+    """The stored files (the backend's own client), the embedded catalog's database aside."""
+    return sorted(f for f in backend.files() if not f.endswith("catalog.db"))
 
 
 def _frame(n: int = 5, start: int = 0) -> pd.DataFrame:
@@ -66,24 +71,30 @@ def test_aware_timestamps_into_a_naive_column_are_utc(table):
     assert got == [dt.datetime(2024, 1, 1, 10, 0), dt.datetime(2024, 1, 1, 2, 0)]
 
 
+NANOS = pd.to_datetime(["2024-01-01 00:00:00.000000001", "2024-01-01 00:00:00.000000000"])
+
+
 @pytest.mark.parametrize(
-    "column, values, words",
+    "backend, column, values, words",
     [
-        ("id", np.array([1, 2**40]), "int32"),  # out of int32's range
-        ("score", np.array([1.0, 1e300]), "out of its range"),  # overflows float32
-        ("count", np.array([1.5, 2.0]), "int64"),  # a fraction into an integer column
-        ("ts", pd.to_datetime(["2024-01-01 00:00:00.000000001", "2024-01-01 00:00:00.000000000"]), "timestamp"),  # nanoseconds
+        ("local", "id", np.array([1, 2**40]), "int32"),  # out of int32's range
+        ("local", "score", np.array([1.0, 1e300]), "out of its range"),  # overflows float32
+        ("local", "count", np.array([1.5, 2.0]), "int64"),  # a fraction into an integer column
+        ("local", "ts", NANOS, "timestamp"),  # nanoseconds
+        pytest.param("s3", "ts", NANOS, "timestamp", marks=pytest.mark.s3),
     ],
+    ids=["id", "score", "count", "ts", "ts-s3"],
+    indirect=["backend"],
 )
-def test_lossy_casts_are_refused_naming_the_column(lake, table, column, values, words):
+def test_lossy_casts_are_refused_naming_the_column(backend, table, column, values, words):
     table.append(_frame(2, start=100))
-    before_files, before_snaps = _files(lake), table.snapshots()
+    before_files, before_snaps = _files(backend), table.snapshots()
     df = _frame(2)
     df[column] = values
     with pytest.raises(SchemaMismatchError) as e:
         table.append(df)
     assert column in e.value.fields and repr(column) in str(e.value) and words in str(e.value)
-    assert _files(lake) == before_files and table.snapshots() == before_snaps
+    assert _files(backend) == before_files and table.snapshots() == before_snaps
 
 
 def test_backfill_and_upsert_take_pandas_defaults(table):
