@@ -18,6 +18,15 @@ def pytest_addoption(parser):
     )
 
 
+def pytest_collection_modifyitems(items):
+    """Every test that needs the SeaweedFS server carries the ``s3`` marker, so ``-m s3`` selects
+    all of them and ``-m "not s3"`` none (a test asking for ``s3_lake`` or ``seaweed`` directly,
+    not only the ``@both_backends`` and ``any_lake`` parameters)."""
+    for item in items:
+        if "seaweed" in getattr(item, "fixturenames", ()) and item.get_closest_marker("s3") is None:
+            item.add_marker(pytest.mark.s3)
+
+
 PG_URL = os.environ.get("FEATURELAKE_TEST_PG", "postgresql+psycopg2://postgres@127.0.0.1:5432/{db}")
 
 
