@@ -98,7 +98,7 @@ BACKFILLED = (range(100, 150), lambda i: 7)
 UPSERTED = rows(range(280, 320), v=lambda i: i + 5, s="x")
 
 
-def run(where: "str | dict", kind: str, names: dict) -> None:
+def run(where: "str | Path | dict", kind: str, names: dict) -> None:
     """The write of ``kind`` on the base lake at ``where``."""
     lake = open_lake(where)
     if kind == "create_table":
