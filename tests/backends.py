@@ -15,7 +15,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 import pytest
 
 from featurelake import Lake
@@ -61,6 +63,10 @@ class Backend:
             return Path(self._path(location)).read_bytes()
         with self.fs.open_input_stream(self._path(location)) as f:
             return f.read()
+
+    def parquet(self, location: str) -> pq.ParquetFile:
+        """A stored Parquet file (footer and all), its bytes fetched with this backend's own client."""
+        return pq.ParquetFile(pa.BufferReader(self.read_bytes(location)))
 
     def overwrite(self, location: str, data: bytes) -> None:
         """Replace a stored file's bytes behind the lake's back (damage it)."""

@@ -32,11 +32,6 @@ def table(lake):
     return lake.create_table("ml.t", SCHEMA, primary_key="id")
 
 
-def _files(backend) -> list[str]:
-    """The stored files (the backend's own client), the embedded catalog's database aside."""
-    return sorted(f for f in backend.files() if not f.endswith("catalog.db"))
-
-
 def _frame(n: int = 5, start: int = 0) -> pd.DataFrame:
     """A frame with pandas' default dtypes: int64, float64, datetime64[ns], datetime64[ns, tz]."""
     return pd.DataFrame(
@@ -88,13 +83,13 @@ NANOS = pd.to_datetime(["2024-01-01 00:00:00.000000001", "2024-01-01 00:00:00.00
 )
 def test_lossy_casts_are_refused_naming_the_column(backend, table, column, values, words):
     table.append(_frame(2, start=100))
-    before_files, before_snaps = _files(backend), table.snapshots()
+    before_files, before_snaps = backend.files(), table.snapshots()
     df = _frame(2)
     df[column] = values
     with pytest.raises(SchemaMismatchError) as e:
         table.append(df)
     assert column in e.value.fields and repr(column) in str(e.value) and words in str(e.value)
-    assert _files(backend) == before_files and table.snapshots() == before_snaps
+    assert backend.files() == before_files and table.snapshots() == before_snaps
 
 
 def test_backfill_and_upsert_take_pandas_defaults(table):

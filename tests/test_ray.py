@@ -78,11 +78,6 @@ def _snapshots(t) -> set[int]:
     return {s.snapshot_id for s in t.refresh().metadata.snapshots}
 
 
-def _files(backend) -> set[str]:
-    """The stored files (the backend's own client), the embedded catalog's database aside."""
-    return {f for f in backend.files() if "catalog.db" not in f}
-
-
 def _catalog_kwargs(lake: Lake) -> dict:
     """The lake's catalog as ``pyiceberg.catalog.load_catalog`` arguments (for Ray's own reader)."""
     from pyiceberg.catalog.sql import SqlCatalog
@@ -193,12 +188,12 @@ def test_backfill_killed_worker_retries_and_commits_once(lake, flr, ray_cluster)
 
 def test_backfill_worker_lost_for_good_commits_nothing_and_leaves_no_file(backend, flr, ray_cluster):
     t = _table(backend.lake)
-    before_snaps, before_files = _snapshots(t), _files(backend)
+    before_snaps, before_files = _snapshots(t), backend.files()
     ray_faults.arm(ray_cluster, "backfill", always=True)
     with pytest.raises(ClusterError):
         flr.backfill(t, _labels(600), tasks=2, retries=0)
     assert _snapshots(t) == before_snaps
-    assert _files(backend) == before_files  # the update files it named are deleted, even the killed task's
+    assert backend.files() == before_files  # the update files it named are deleted, even the killed task's
     assert "label" not in t.schema.names
 
 
@@ -236,13 +231,13 @@ def test_compact_worker_lost_for_good_commits_nothing_and_gc_leaves_no_orphan(ba
     lake = backend.lake
     t = _table(lake, files=3, rows=100)
     lake.collect_garbage(older_than=timedelta(0))
-    before_snaps, before_files = _snapshots(t), _files(backend)
+    before_snaps, before_files = _snapshots(t), backend.files()
     ray_faults.arm(ray_cluster, "compact", always=True)
     with pytest.raises(ClusterError):
         flr.compact(t, target_file_bytes=4096, retries=0)
     assert _snapshots(t) == before_snaps
     lake.collect_garbage(older_than=timedelta(0))
-    assert _files(backend) == before_files
+    assert backend.files() == before_files
 
 
 # --------------------------------------------------------- sequence store

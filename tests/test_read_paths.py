@@ -86,11 +86,6 @@ def test_a_data_file_rewritten_underneath_is_not_served_from_the_footer_cache(tm
     assert t.read().column("x").to_pylist() == (np.arange(100.0) * 2).tolist()
 
 
-def _footer(backend, location: str) -> pq.FileMetaData:
-    """The Parquet footer of a stored file, read with the backend's own client."""
-    return pq.ParquetFile(pa.BufferReader(backend.read_bytes(location))).metadata
-
-
 @both_backends
 def test_floats_that_do_not_compress_are_written_plain_and_read_back_equal(backend):
     rng = np.random.default_rng(0)
@@ -114,7 +109,7 @@ def test_floats_that_do_not_compress_are_written_plain_and_read_back_equal(backe
     t = lake.create_table("ns.t", schema, primary_key="id", properties={"write.parquet.compression-codec": "zstd"})
     t.append(data)
     (task,) = t.scan().tasks()
-    meta = _footer(backend, task.file.file_path).row_group(0)
+    meta = backend.parquet(task.file.file_path).metadata.row_group(0)
     written = {meta.column(i).path_in_schema: meta.column(i).compression for i in range(meta.num_columns)}
     assert written == {"id": "UNCOMPRESSED", "noise": "UNCOMPRESSED", "rounded": "ZSTD", "name": "ZSTD"}
     assert "DELTA_BINARY_PACKED" in meta.column(0).encodings
@@ -136,7 +131,7 @@ def test_a_compression_level_applies_to_the_compressed_columns_only(backend):
                      "noise": pa.array(rng.standard_normal(n))})
     t.append(data)
     (task,) = t.scan().tasks()
-    meta = _footer(backend, task.file.file_path).row_group(0)
+    meta = backend.parquet(task.file.file_path).metadata.row_group(0)
     assert [meta.column(i).compression for i in range(3)] == ["UNCOMPRESSED", "ZSTD", "UNCOMPRESSED"]
     got = t.read().sort_by("id")
     for name in data.column_names:

@@ -46,13 +46,8 @@ def _rows(n: int, start: int = 0, day: int = 0) -> pa.Table:
 S3 = pytest.mark.s3
 
 
-def _read_parquet(backend: Backend, location: str) -> pq.ParquetFile:
-    """A stored Parquet file, its bytes fetched with the backend's own client."""
-    return pq.ParquetFile(pa.BufferReader(backend.read_bytes(location)))
-
-
 def _codecs(backend: Backend, path: str) -> set[str]:
-    md = _read_parquet(backend, path).metadata
+    md = backend.parquet(path).metadata
     return {md.row_group(r).column(c).compression for r in range(md.num_row_groups) for c in range(md.num_columns)}
 
 
@@ -251,7 +246,7 @@ def test_partitions_are_cut_in_input_order_whether_contiguous_or_not(backend, la
     files = list(snapshot_files(ice, ice.current_snapshot()))
     assert len(files) == 3
     for path in files:
-        got = _read_parquet(backend, path).read().column("id").to_pylist()
+        got = backend.parquet(path).read().column("id").to_pylist()
         day_of = got[0] // 1000
         expected = [k for k in batch.column("id").to_pylist() if k // 1000 == day_of]
         assert got == expected  # input order inside the partition
