@@ -87,6 +87,10 @@ def _catalog_kwargs(lake: Lake) -> dict:
 
 
 # ------------------------------------------------------------------- reads
+RAY_S3 = pytest.mark.xdist_group("ray-s3")  # `-m s3 -n 2`: one worker starts Ray for both S3 cases, not two
+
+
+@RAY_S3
 @both_backends
 def test_read_ray_matches_read_and_ray_read_iceberg_misses_update_files(lake, flr):
     t = _table(lake)
@@ -139,6 +143,7 @@ def test_read_ray_streaming_split_and_torch_batches(lake, flr):
 
 
 # ------------------------------------------------------- backfill / upsert
+@RAY_S3
 @both_backends
 def test_backfill_and_upsert_equal_single_process(lake, flr):
     t = _table(lake)
