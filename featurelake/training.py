@@ -44,7 +44,7 @@ How:
   batches are zero-copy slices of it (see ``featurelake.shuffle``). That
   gather is the cost a shuffle cannot avoid: unshuffled batches are slices of
   decoded files, shuffled ones must move every row once, and on the benchmark
-  table it costs about half the decode's CPU (``benchmarks/training.py``
+  table it costs a third to a half of the decode's CPU (``benchmarks/training.py``
   measures this floor). ``prefetch`` windows (default 1) are read ahead
   on one thread while the consumer works, and the units a window opens decode
   their first chunks on two threads; ``prefetch=0`` reads in the consumer's
