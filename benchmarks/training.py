@@ -13,11 +13,26 @@ data files). Every reader streams one full epoch of all columns in batches of
   does), timed until both finish;
 * ``training_unshuffled``: ``TrainingReader(shuffle=False)``;
 * ``batches``: ``t.batches(batch_size=BATCH)`` (unshuffled);
-* ``pyarrow_dataset``: ``pyarrow.dataset.dataset(files).to_batches(batch_size=BATCH)``.
+* ``pyarrow_dataset``: ``pyarrow.dataset.dataset(files).to_batches(batch_size=BATCH)``;
+* ``take_windows`` (the floor of any gather-based shuffle): the table already
+  decoded in memory, every shuffle window the reader forms (``interleave``
+  files at a time, one slice of ``shuffle_buffer / interleave`` rows of each)
+  gathered with one bare ``pyarrow.compute.take`` of a random permutation
+  drawn beforehand: the work a shuffle adds to an unshuffled read when it
+  moves every row once, with no decode, sampling or Python around it;
+* ``take_full_permutation``: one ``take`` of the whole in-memory table with a
+  full random permutation (the ideal shuffle, for scale).
+
+Unshuffled batches are zero-copy slices of decoded files; a shuffled batch
+must be gathered. So ``batches + take_windows`` (paired per repetition) is
+the floor for a shuffled read on the same cores, and ``batches / (batches +
+take_windows)`` the highest shuffled/unshuffled ratio a gather-based shuffle
+can reach unless it finds cores the unshuffled read leaves idle.
 
 Repetitions are interleaved; ratios are paired medians. The goal's pair
-(``training_shuffled`` and ``batches``) runs back to back at the start of each
-repetition, in alternating order, so load that drifts over a repetition cancels. The CPU seconds of the in-process readers are
+(``training_shuffled`` and ``batches``), with ``take_windows`` between them,
+runs back to back at the start of each repetition, in alternating order, so
+load that drifts over a repetition cancels. The CPU seconds of the in-process readers are
 recorded too: on a shared machine they say what each read costs when the wall
 clock is noisy.
 
@@ -36,7 +51,10 @@ import multiprocessing as mp
 from typing import Any, Callable
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pads
+import pyarrow.parquet as pq
 
 from benchmarks.common import (
     KEY,
@@ -85,6 +103,30 @@ def _cpu() -> float:
 
 def _count(batches) -> int:
     return sum(b.num_rows for b in batches)
+
+
+def _window_gathers(paths: list[str], buffer: int, interleave: int, seed: int) -> Callable[[], int]:
+    """The bare gathers of every shuffle window (see the module docstring); returns a function that runs them."""
+    files = [pq.read_table(p) for p in paths]  # decoded once, outside the timing
+    per = -(-buffer // interleave)
+    rng = np.random.default_rng(seed)
+    jobs = []
+    for g in range(0, len(files), interleave):
+        group = files[g:g + interleave]
+        for start in range(0, max(f.num_rows for f in group), per):
+            window = pa.concat_tables([f.slice(start, per) for f in group if start < f.num_rows])
+            jobs.append((window, pa.array(rng.permutation(window.num_rows).astype(np.uint32))))
+
+    def gather() -> int:
+        return sum(pc.take(window, order, boundscheck=False).num_rows for window, order in jobs)
+
+    return gather
+
+
+def _full_permutation(paths: list[str], seed: int) -> Callable[[], int]:
+    table = pa.concat_tables([pq.read_table(p) for p in paths]).combine_chunks()
+    order = pa.array(np.random.default_rng(seed).permutation(table.num_rows).astype(np.uint32))
+    return lambda: pc.take(table, order, boundscheck=False).num_rows
 
 
 def _child(reader, worker: int, workers: int, out) -> None:
@@ -192,6 +234,8 @@ def run(cfg: Config) -> dict[str, Any]:
             "training_unshuffled": lambda: _count(TrainingReader(t, batch_size=BATCH, shuffle=False)),
             "batches": lambda: _count(t.batches(batch_size=BATCH)),
             "pyarrow_dataset": lambda: _count(pads.dataset(paths, format="parquet").to_batches(batch_size=BATCH)),
+            "take_windows": _window_gathers(paths, shuffled.shuffle_buffer, shuffled.interleave, cfg.seed),
+            "take_full_permutation": _full_permutation(paths, cfg.seed),
         }
         timings = {name: Timing() for name in readers}
         cpu = {name: Timing() for name in readers}
@@ -199,7 +243,8 @@ def run(cfg: Config) -> dict[str, Any]:
             shuffled.set_epoch(rep)
             sync.set_epoch(rep)
             # the goal's pair runs back to back, in alternating order (ABBA), so drifting load cancels
-            pair = ["batches", "training_shuffled"] if rep % 2 == 0 else ["training_shuffled", "batches"]
+            pair = ["batches", "take_windows", "training_shuffled"]  # the floor's parts next to the goal's pair
+            pair = pair if rep % 2 == 0 else pair[::-1]
             for name in pair + [n for n in readers if n not in pair]:
                 fn = readers[name]
                 c0 = _cpu()
@@ -224,6 +269,7 @@ def run(cfg: Config) -> dict[str, Any]:
 
     rates = {name: {**tm.as_dict(), "rows_per_s": round(cfg.rows / tm.best), "median_rows_per_s": round(cfg.rows / tm.median),
                     "cpu_s_median": round(cpu[name].median, 4)} for name, tm in timings.items()}
+    floor = Timing([b + t for b, t in zip(timings["batches"].times, timings["take_windows"].times)])
     ratios = {
         "shuffled_over_batches_paired": paired_ratio(timings["batches"], timings["training_shuffled"]),
         "shuffled_over_unshuffled_reader_paired": paired_ratio(timings["training_unshuffled"], timings["training_shuffled"]),
@@ -232,6 +278,10 @@ def run(cfg: Config) -> dict[str, Any]:
         "shuffled_over_pyarrow_paired": paired_ratio(timings["pyarrow_dataset"], timings["training_shuffled"]),
         "shuffled_over_batches_cpu_paired": paired_ratio(cpu["batches"], cpu["training_shuffled"]),
         "shuffled_sync_over_batches_paired": paired_ratio(timings["batches"], timings["training_shuffled_sync"]),
+        # the floor: an unshuffled read plus the bare gathers every shuffle adds (see the module docstring)
+        "ceiling_batches_over_batches_plus_take_paired": paired_ratio(timings["batches"], floor),
+        "shuffled_over_floor_paired": paired_ratio(floor, timings["training_shuffled"]),
+        "take_windows_over_batches_paired": paired_ratio(timings["take_windows"], timings["batches"]),
     }
     goals = [
         goal("shuffled training reader / unshuffled batches (throughput, paired median)",
@@ -253,6 +303,10 @@ def run(cfg: Config) -> dict[str, Any]:
             "shuffle quality: 'reader' is the stream as read, 'random' the same rows fully permuted and cut at the same batch sizes",
             f"training reader quality over epochs 0..{QUALITY_EPOCHS - 1}; interleave 8 is the default, 16 opens every unit of this table at once",
             f"reader defaults: shuffle_buffer={shuffled.shuffle_buffer} rows, interleave={shuffled.interleave} units at once",
+            "take_windows: bare pyarrow take of every shuffle window of the in-memory table (random permutations drawn "
+            "beforehand); floor = batches + take_windows per repetition; ceiling_batches_over_batches_plus_take is the "
+            "best shuffled/batches ratio a shuffle that gathers every row once can reach on cores the unshuffled read "
+            "already fills",
         ],
     }
     path = write_result(NAME, cfg, result)

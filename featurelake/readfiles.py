@@ -104,6 +104,9 @@ class RemoteParquet:
     def read(self, columns: list[str], use_threads: bool = True) -> pa.Table:
         return self.fragment.to_table(columns=columns, use_threads=use_threads)
 
+    def read_row_groups(self, row_groups: list[int], columns: list[str], use_threads: bool = True) -> pa.Table:
+        return self.fragment.subset(row_group_ids=row_groups).to_table(columns=columns, use_threads=use_threads)
+
     def iter_batches(
         self, batch_size: int, columns: list[str], use_threads: bool = True, row_groups: list[int] | None = None
     ) -> Iterator[pa.RecordBatch]:

@@ -38,9 +38,14 @@ How:
   that ran out: each worker drops the rest of its share, fewer than
   ``batch_size + 1`` rows, and ``dropped_rows`` says how many.
 * **Speed.** Each open unit decodes in chunks of up to 65,536 rows (large
-  reads decode cheaply); a window is permuted with one gather (no per-batch
-  ``take``, no per-row Python) and batches are zero-copy slices of it (see
-  ``featurelake.shuffle``). ``prefetch`` windows (default 1) are read ahead
+  reads decode cheaply; a unit that fits one chunk, typically one row group,
+  is read in one call, faster than streaming it); a window is
+  permuted with one gather (no per-batch ``take``, no per-row Python) and
+  batches are zero-copy slices of it (see ``featurelake.shuffle``). That
+  gather is the cost a shuffle cannot avoid: unshuffled batches are slices of
+  decoded files, shuffled ones must move every row once, and on the benchmark
+  table it costs a third to a half of the decode's CPU (``benchmarks/training.py``
+  measures this floor). ``prefetch`` windows (default 1) are read ahead
   on one thread while the consumer works, and the units a window opens decode
   their first chunks on two threads; ``prefetch=0`` reads in the consumer's
   thread. (Of the layouts tried on a shared 2-core machine, this one read

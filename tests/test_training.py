@@ -65,6 +65,35 @@ def test_units_are_row_groups(samples):
     assert r.num_rows == samples.read(columns=["k"]).num_rows
 
 
+@both_backends
+def test_row_ranges_read_whole_groups_or_streamed(lake):
+    """``read_range`` (what the reader decodes units with) gives exactly rows [start, stop) and their positions,
+    whether the overlapping row groups are read in one call (they fit ``batch_size``) or streamed.
+
+    The file is over 1 MB so that on S3 it is read through the ranged-GET path, not fetched whole.
+    """
+    n, group = 100_000, 40_000
+    rng = np.random.default_rng(3)
+    data = pa.table({"k": np.arange(n, dtype=np.int64), **{f"x{i}": rng.standard_normal(n) for i in range(3)}})
+    t = lake.create_table("ml.ranges", data.schema, primary_key="k",
+                          properties={"write.parquet.row-group-limit": str(group)})
+    t.append(data)
+    scan = t.scan(["k", "x1"])
+    (task,) = scan.tasks()
+    assert task.file.file_size_in_bytes > 1 << 20
+    for start, stop in [(0, n), (39_990, 40_010), (100, 200), (35_000, 85_000), (80_000, n), (n - 1, n)]:
+        for batch_size in (1 << 20, 7_000):  # the overlapping groups fit one batch / are streamed
+            chunks = list(scan.read_range(task, start, stop, batch_size=batch_size))
+            got = pa.Table.from_batches([b for b, _, _ in chunks])
+            want = data.slice(start, stop - start)
+            for name in ("k", "x1"):
+                assert got.column(name).to_numpy().tolist() == want.column(name).to_numpy().tolist(), (start, stop, batch_size)
+            assert np.concatenate([p for _, p, _ in chunks]).tolist() == list(range(start, stop))
+            ends = [e for _, _, e in chunks]
+            assert ends == sorted(ends) and ends[-1] == stop
+            assert all(b.num_rows <= batch_size for b, _, _ in chunks)
+
+
 @pytest.mark.parametrize("world_size", [1, 2, 3, 8])
 @pytest.mark.parametrize("loader_workers", [0, 1, 2])
 def test_sharding_reads_every_row_once(samples, world_size, loader_workers):
