@@ -311,6 +311,26 @@ def assembly_floor(samples, view, cols: list[str], repeat: int) -> float:
     return best
 
 
+def steady_allocator() -> bool:
+    """Let glibc keep freed memory in the process (no trimming, no per-array mmap) for the floor comparison.
+
+    The raw multi-get holds a batch's ~20 MB of values at once; whether the
+    allocator hands those pages back to the OS after each call (and faults
+    them in again, ~4,000 page faults a batch) depended on what the process
+    had freed before (glibc raises its thresholds after freeing large
+    arrays), which moved the floor by 30% between otherwise equal runs.
+    Without trimming both sides measure compute. Returns whether it applied.
+    """
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        return bool(libc.mallopt(m_trim_threshold, 1 << 30)) and bool(libc.mallopt(m_mmap_threshold, 32 << 20))
+    except (OSError, AttributeError):
+        return False
+
+
 def lookups_vs_floor(store, batches: list[pa.RecordBatch], threads: int, repeat: int, columns=HOT) -> dict[str, Any]:
     """Lookups/s of full lookups vs raw multi-gets of exactly the keys they fetched."""
     store.recorder = []
@@ -480,6 +500,7 @@ def run(cfg: Config) -> dict[str, Any]:
 
         # 3. throughput
         tp = throughput(samples, view_hot, cfg, repeat, st)
+        tp["floor_allocator_steady"] = steady_allocator()
         tp["lookups_vs_floor"] = lookups_vs_floor(store, batches, threads, max(repeat, FLOOR_REPEAT))
         tp["lookups_vs_floor_one_thread"] = lookups_vs_floor(store, batches, 1, max(repeat, FLOOR_REPEAT))
         result["throughput"] = tp
@@ -559,6 +580,8 @@ def run(cfg: Config) -> dict[str, Any]:
             "bytes fetched count values returned by the store (heads + chunks) for 4096-row batches; the baseline "
             "fetches each unique user's whole history once per batch",
             f"throughput and lookups use {threads} threads and hot/cold column groups {GROUPS}; projection {HOT}",
+            "lookups_vs_floor runs with glibc's heap trimming off (floor_allocator_steady; see steady_allocator): "
+            "the floor's page faults had depended on what the process freed before",
             "list_view: layout='list_view' (offsets + sizes into the batch's fetched chunks, no per-row copies); "
             "list_view_cached: cache_bytes=CACHE_BYTES, warmed by one epoch before timing (each user's whole history "
             "decoded once, a batch is a view of the arena); list_view_cached_cold: a fresh cache per timed epoch (every "
