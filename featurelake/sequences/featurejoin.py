@@ -24,6 +24,7 @@ features; in a stream each kind runs one batch ahead in its own thread.
 """
 from __future__ import annotations
 
+import threading
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -61,6 +62,7 @@ class FeatureView:
         self.threads = threads
         self.batch_keys = batch_keys
         self.stats: dict[str, int] = {}
+        self._stats_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return (f"FeatureView({self.table}@{self.store.info.snapshot_id}, key={self.key!r}, as_of={self.time!r}, "
@@ -107,10 +109,11 @@ class FeatureView:
         if isinstance(times, pa.ChunkedArray):
             times = times.combine_chunks()
         n = len(keys)
-        found = self.store.lookup(_as_array(keys, self.store.key_type), times, self.columns, 1, None,
-                                  self.threads, self.batch_keys)
-        for k, v in self.store.last_stats.items():
-            self.stats[k] = self.stats.get(k, 0) + v
+        found, stats = self.store.lookup_stats(_as_array(keys, self.store.key_type), times, self.columns, 1, None,
+                                               self.threads, self.batch_keys)
+        with self._stats_lock:  # the background join workers share the view
+            for k, v in stats.items():
+                self.stats[k] = self.stats.get(k, 0) + v
         offsets = found.offsets.to_numpy()
         has = offsets[1:] > offsets[:-1]
         idx = pa.array(offsets[:-1].astype(np.int64), mask=None if has.all() else ~has)

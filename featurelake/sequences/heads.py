@@ -38,7 +38,10 @@ class Heads:
         self.store, self.users, self.threads, self.batch_keys, self.stats = store, users, threads, batch_keys, stats
         c = store.chunk_events
         raw = store.multi_get(store.codec.head_keys(users), threads, batch_keys)
-        lens = np.fromiter((len(h) >> 3 if h else 0 for h in raw), np.int64, len(raw))
+        if None in raw:  # users without a head (one C-level scan; no bytes value equals None)
+            lens = np.fromiter((len(h) >> 3 if h else 0 for h in raw), np.int64, len(raw))
+        else:
+            lens = np.fromiter(map(len, raw), np.int64, len(raw)) >> 3
         stats["head_bytes"] = int(lens.sum()) * 8
         buf = np.frombuffer(b"".join(h for h in raw if h), "<i8")
         hstart = np.zeros(len(users) + 1, np.int64)

@@ -6,6 +6,7 @@ pool of events, optionally a cross-batch history cache: :mod:`featurelake.sequen
 """
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator, Sequence
 
@@ -43,6 +44,7 @@ class SequenceView:
         self.type = store.output_type(columns) if layout == "list" else view_type(store, columns)
         _window_int(window, store.time_type)  # fail now, not at the first batch
         self.stats: dict[str, int] = {}
+        self._stats_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return (f"SequenceView({self.store.info.table}@{self.store.info.snapshot_id}, key={self.key!r}, "
@@ -61,10 +63,11 @@ class SequenceView:
             out, stats = lookup_view(self.store, keys, times, self.columns, self.max_len, self.window, self.threads,
                                      self.batch_keys)
         else:
-            out = self.store.lookup(keys, times, self.columns, self.max_len, self.window, self.threads, self.batch_keys)
-            stats = self.store.last_stats
-        for k, v in stats.items():
-            self.stats[k] = self.stats.get(k, 0) + v
+            out, stats = self.store.lookup_stats(keys, times, self.columns, self.max_len, self.window, self.threads,
+                                                 self.batch_keys)
+        with self._stats_lock:  # the background join workers share the view
+            for k, v in stats.items():
+                self.stats[k] = self.stats.get(k, 0) + v
         return out
 
 

@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from featurelake.errors import FeatureLakeError
-from featurelake.sequences.lookup import SequenceStore
+from featurelake.sequences.lookup import SequenceStore, bisect_left
 from featurelake.sequences.codecs import FixedCodec
 
 LAYOUTS = ("list", "list_view")
@@ -121,6 +121,8 @@ def lookup_view(store: SequenceStore, keys: pa.Array, before: Any, columns: Sequ
         for col in columns:
             g = store.group_of[col]
             vals, ok = fetched[g][col]
+            if ok is not None and np.count_nonzero(ok) == pool:
+                ok = None  # every fetched event is valid (padding slots are the only zeros): no bitmap
             arrays.append(_fixed_column(store.codecs[g], col, vals, _bitmap(ok), slots))
         values = pa.StructArray.from_arrays(arrays, fields=fields)
         lo, hi = lo + delta, hi + delta
@@ -353,26 +355,12 @@ class HistoryCache:
     def _search(comp, size, span, times, seg, s, e, first, q) -> np.ndarray:
         """Per row: the first slot in [s, e) whose time is >= q (one searchsorted over the arena's search keys)."""
         if span is None:
-            return _bisect(times, s, e, q)
+            return bisect_left(times, s, e, q)
         key = seg * span + np.clip(q - first, 0, span - 1)
         order = np.argsort(key)  # sorted queries: each search starts where the last ended (5x faster here)
         out = np.empty(len(key), np.int64)
         out[order] = np.searchsorted(comp[:size], key[order])
         return np.clip(out, s, e)
-
-
-def _bisect(times: np.ndarray, lo: np.ndarray, hi: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """Per query: the first position in ``times[lo[i]:hi[i]]`` (sorted) with a value >= ``q[i]`` (vectorised)."""
-    lo = lo.astype(np.int64, copy=True)
-    hi = hi.astype(np.int64, copy=True)
-    idx = np.flatnonzero(lo < hi)
-    while len(idx):
-        mid = (lo[idx] + hi[idx]) >> 1
-        less = times[mid] < q[idx]
-        lo[idx[less]] = mid[less] + 1
-        hi[idx[~less]] = mid[~less]
-        idx = idx[lo[idx] < hi[idx]]
-    return lo
 
 
 # ---------------------------------------------------------- conversion

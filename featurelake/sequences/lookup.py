@@ -102,16 +102,25 @@ class SequenceStore:
         return f
 
     def multi_get(self, keys: list[bytes], threads: int = 1, batch: int = DEFAULT_BATCH_KEYS) -> list[bytes | None]:
-        """Raw batched point reads, split into calls of ``batch`` keys over ``threads`` threads."""
+        """Raw batched point reads, split into calls of ``batch`` keys over ``threads`` threads.
+
+        One thread also reads ``batch`` keys a call: RocksDB is no faster with
+        larger calls, and tens of MB of values alive at once come back from
+        the allocator as fresh pages (thousands of page faults a batch, measured).
+        """
         if self.recorder is not None:
             self.recorder.append(keys)
-        if threads <= 1 or len(keys) <= batch:
+        if len(keys) <= batch:
             return self.reader.multi_get(keys)
-        parts = [keys[i : i + batch] for i in range(0, len(keys), batch)]
+        step = _part_size(len(keys), batch, threads)
+        parts = [keys[i : i + step] for i in range(0, len(keys), step)]
+        if threads <= 1:
+            return list(chain.from_iterable(map(self.reader.multi_get, parts)))
         return list(chain.from_iterable(_pool(threads).map(self.reader.multi_get, parts)))
 
     def _fetch(self, users: np.ndarray, chunks: np.ndarray, names: dict[int, list[str]], threads: int,
-               batch: int, stats: dict, partial: dict[int, tuple[list[str], np.ndarray]] | None = None) -> dict[int, Any]:
+               batch: int, stats: dict, partial: dict[int, tuple[list[str], np.ndarray]] | None = None,
+               scratch: bool = False) -> dict[int, Any]:
         """Chunks of (user, chunk) pairs for the groups in ``names``, fetched and decoded in parallel.
 
         Per group: fixed codec -> {column: (values, validity)} with
@@ -120,7 +129,9 @@ class SequenceStore:
         codec -> a Table of the pairs' events back to back. ``partial`` maps a
         fixed-codec group to (columns, pair mask): those columns are decoded
         only for the pairs the mask selects (the time column, needed only
-        where a row's list is cut).
+        where a row's list is cut). ``scratch``: decode into this thread's
+        reusable buffers (:func:`scratch_array`), for callers that copy out of them
+        before their next lookup.
         """
         groups = sorted(names)
         keys = self.codec.chunk_keys(users, chunks, groups)
@@ -128,13 +139,13 @@ class SequenceStore:
             self.recorder.append(keys)
         ng = len(groups)
         npairs = len(users)
-        per_pairs = max(1, batch // ng)
+        per_pairs = _part_size(npairs, max(1, batch // ng), threads)
         partial = partial or {}
         out: dict[int, Any] = {}
         for g in groups:
             cd = self.codecs[g]
             if isinstance(cd, FixedCodec):
-                out[g] = cd.alloc(names[g] + partial.get(g, ([], None))[0], npairs)
+                out[g] = cd.alloc(names[g] + partial.get(g, ([], None))[0], npairs, scratch_array if scratch else None)
 
         def work(p0: int) -> tuple[list[Any], int, int]:
             p1 = min(npairs, p0 + per_pairs)
@@ -147,14 +158,15 @@ class SequenceStore:
             tables, decoded = [], 0
             for gi, g in enumerate(groups):
                 cd = self.codecs[g]
-                part = vals[gi::ng]
+                part = vals[gi::ng] if ng > 1 else vals
                 if isinstance(cd, FixedCodec):
-                    decoded += cd.decode_into(part, names[g], out[g], p0)
+                    grid = cd.grid(part)
+                    decoded += cd.decode_into(grid, names[g], out[g], p0)
                     if g in partial:
                         cols, mask = partial[g]
                         rows = np.flatnonzero(mask[p0:p1])
                         if len(rows):
-                            decoded += cd.decode_into(part, cols, out[g], p0, rows)
+                            decoded += cd.decode_into(grid, cols, out[g], p0, rows)
                 else:
                     table = cd.decode(part, None, 0)
                     decoded += table.nbytes
@@ -198,7 +210,17 @@ class SequenceStore:
 
     def lookup(self, keys: pa.Array, before: Any, columns: Sequence[str] | None, max_len: int | None, window: Any,
                threads: int = DEFAULT_THREADS, batch_keys: int = DEFAULT_BATCH_KEYS) -> pa.ListArray:
-        """See :meth:`SequenceTable.lookup`; ``keys`` must already have the key's Arrow type family."""
+        """See :meth:`SequenceTable.lookup`; ``keys`` must already have the key's Arrow type family.
+
+        Sets ``last_stats``; callers that look up from several threads at once use :meth:`lookup_stats`.
+        """
+        out, self.last_stats = self.lookup_stats(keys, before, columns, max_len, window, threads, batch_keys)
+        return out
+
+    def lookup_stats(self, keys: pa.Array, before: Any, columns: Sequence[str] | None, max_len: int | None,
+                     window: Any, threads: int = DEFAULT_THREADS, batch_keys: int = DEFAULT_BATCH_KEYS
+                     ) -> tuple[pa.ListArray, dict[str, int]]:
+        """:meth:`lookup` and its statistics (rows, users, bytes fetched and decoded, events), thread-safe."""
         columns = self.check_columns(columns)
         n, b, w, rows = self.prepare(keys, before, max_len, window)
         stats = {"rows": n, "users": 0, "head_bytes": 0, "chunk_bytes": 0, "chunk_values": 0, "events": 0,
@@ -207,45 +229,92 @@ class SequenceStore:
         hi = np.zeros(n, np.int64)
         delta = np.zeros(n, np.int64)
         fetched: dict[int, Any] = {}
+        pool_events = 0
         if len(rows):
-            lo[rows], hi[rows], delta[rows], fetched, _ = self._select(keys, rows, b, w, max_len, columns, threads,
-                                                                       batch_keys, stats)
+            # the fetched pools are copied out below: they decode into reusable buffers
+            lo[rows], hi[rows], delta[rows], fetched, counts = self._select(keys, rows, b, w, max_len, columns, threads,
+                                                                            batch_keys, stats, scratch=True)
+            pool_events = int(counts.sum())
         lengths = hi - lo
         total = int(lengths.sum())
         if total >= 1 << 31:
             raise FeatureLakeError("a lookup returned more than 2**31 events: use smaller batches or max_len")
-        offsets = np.zeros(n + 1, np.int32)
+        offsets = np.zeros(n + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
         fields = [self._field(c) for c in columns]
         if not total:
             arrays = [pa.nulls(0, f.type) for f in fields]
         else:
-            ramp = np.arange(total, dtype=np.int64)
-            padded = idx = None
-            if any(isinstance(self.codecs[self.group_of[col]], FixedCodec) for col in columns):
-                # a row's slots are contiguous: its pairs are one user's consecutive chunks
-                padded = np.repeat(lo + delta - offsets[:-1], lengths) + ramp
-            if not all(isinstance(self.codecs[self.group_of[col]], FixedCodec) for col in columns):
-                idx = pa.array(np.repeat(lo - offsets[:-1], lengths) + ramp)
-
-            def column(col: str) -> pa.Array:
-                g = self.group_of[col]
-                if isinstance(self.codecs[g], FixedCodec):
-                    vals, ok = fetched[g][col]
-                    return self.codecs[g].to_arrow(col, vals.take(padded), None if ok is None else ok.take(padded))
-                return fetched[g].column(col).take(idx).combine_chunks()
-
-            # gathers release the GIL: columns are assembled side by side
-            if threads > 1 and len(columns) > 1 and total >= PARALLEL_EVENTS:
-                arrays = list(_pool(threads).map(column, columns))
-            else:
-                arrays = [column(col) for col in columns]
+            arrays = self._assemble(columns, fetched, pool_events, lo, delta, lengths, offsets, threads)
         struct = pa.StructArray.from_arrays(arrays, fields=fields)
         stats["events"] = total
-        self.last_stats = stats
-        return pa.ListArray.from_arrays(pa.array(offsets), struct, type=self.output_type(columns))
+        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), struct, type=self.output_type(columns)), stats
 
-    def _select(self, keys, rows, b, w, max_len, columns, threads, batch_keys, stats):
+    def _assemble(self, columns: list[str], fetched: dict[int, Any], pool_events: int, lo: np.ndarray,
+                  delta: np.ndarray, lengths: np.ndarray, offsets: np.ndarray, threads: int) -> list[pa.Array]:
+        """Each row's events ``[lo, hi)`` copied out back to back, per column: one gather per column and row range.
+
+        A row's events are contiguous in the fetched pool (its pairs are one
+        user's consecutive chunks), so its source index is a ramp, built for
+        all rows with one cumsum (:func:`_ranges`). With ``threads`` > 1 and
+        enough events, row ranges are gathered side by side (numpy and Arrow
+        gathers release the GIL); dictionary-coded strings are decoded per
+        range and the ranges concatenated.
+        """
+        fixed = {col: isinstance(self.codecs[self.group_of[col]], FixedCodec) for col in columns}
+        total = int(offsets[-1])
+        out: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
+        src: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
+        for col in columns:
+            if fixed[col]:
+                vals, ok = fetched[self.group_of[col]][col]
+                if ok is not None and np.count_nonzero(ok) == pool_events:
+                    ok = None  # every fetched event is valid (padding slots are the only zeros): no validity to gather
+                src[col] = (vals, ok)
+                out[col] = (np.empty(total, vals.dtype), None if ok is None else np.empty(total, np.bool_))
+        pieces = 1 if threads <= 1 or total < PARALLEL_EVENTS else threads
+        bounds = np.searchsorted(offsets, np.linspace(0, total, pieces + 1)[1:-1])
+        cuts = [0, *bounds.tolist(), len(lengths)]
+        src_fixed = lo + delta
+
+        def piece(r: tuple[int, int]) -> dict[str, pa.Array]:
+            r0, r1 = r
+            a, b = int(offsets[r0]), int(offsets[r1])
+            got: dict[str, pa.Array] = {}
+            if a == b:
+                return got
+            idx = ipc_idx = None
+            for col in columns:
+                g = self.group_of[col]
+                if fixed[col]:
+                    if idx is None:
+                        idx = _ranges(src_fixed[r0:r1], lengths[r0:r1], b - a, scratch_array("ranges", b - a, np.int64))
+                    vals, ok = src[col]
+                    ov, oo = out[col]
+                    np.take(vals, idx, out=ov[a:b], mode="clip")  # in range by construction; "raise" would copy
+                    if ok is not None:
+                        np.take(ok, idx, out=oo[a:b], mode="clip")
+                    if col in self.codecs[g].dictionaries:
+                        got[col] = self.codecs[g].to_arrow(col, ov[a:b], None if oo is None else oo[a:b])
+                else:
+                    if ipc_idx is None:
+                        ipc_idx = pa.array(_ranges(lo[r0:r1], lengths[r0:r1], b - a))
+                    got[col] = fetched[g].column(col).take(ipc_idx).combine_chunks()
+            return got
+
+        spans = [(r0, r1) for r0, r1 in zip(cuts[:-1], cuts[1:]) if offsets[r1] > offsets[r0]]
+        parts = list(_pool(threads).map(piece, spans)) if len(spans) > 1 else [piece(sp) for sp in spans]
+        arrays = []
+        for col in columns:
+            got = [p[col] for p in parts if col in p]
+            if got:
+                arrays.append(got[0] if len(got) == 1 else pa.concat_arrays(got))
+            else:
+                vals, ok = out[col]
+                arrays.append(self.codecs[self.group_of[col]].to_arrow(col, vals, ok))
+        return arrays
+
+    def _select(self, keys, rows, b, w, max_len, columns, threads, batch_keys, stats, scratch: bool = False):
         """Per valid row: [lo, hi) into the pairs' events back to back, the offset of fixed-codec slots, the data,
         and each fetched pair's event count (the pool's layout)."""
         c = self.chunk_events
@@ -315,7 +384,7 @@ class SequenceStore:
                     partial = {0: ([self.time], cut_pairs)}
                 else:
                     names[0].append(self.time)
-        fetched = self._fetch(users[pair_user], pair_chunk, names, threads, batch_keys, stats, partial)
+        fetched = self._fetch(users[pair_user], pair_chunk, names, threads, batch_keys, stats, partial, scratch)
 
         s = pool_off[p_lo]
         e = pool_off[p_hi + 1]
@@ -349,11 +418,76 @@ class SequenceStore:
 
 
 def _count_below(times: np.ndarray, counts: np.ndarray, pairs: np.ndarray, bound: np.ndarray) -> np.ndarray:
-    """Per query: how many of pair ``pairs[i]``'s events have a time below ``bound[i]`` (times sorted in a pair)."""
+    """Per query: how many of pair ``pairs[i]``'s events have a time below ``bound[i]`` (times sorted in a pair).
+
+    ``times`` is the (pairs, chunk_events) grid; a vectorized binary search
+    (log2(chunk_events) numpy steps over the queries, not a pass over every slot).
+    """
     c = times.shape[1]
-    sel = times[pairs]
-    below = (sel < bound[:, None]) & (np.arange(c)[None, :] < counts[pairs][:, None])
-    return below.sum(axis=1)
+    start = pairs.astype(np.int64) * c
+    return bisect_left(times.reshape(-1), start, start + counts[pairs], bound) - start
+
+
+def bisect_left(values: np.ndarray, lo: np.ndarray, hi: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Per query: the first position in ``values[lo[i]:hi[i]]`` (sorted) with a value >= ``q[i]`` (vectorized)."""
+    lo = lo.astype(np.int64, copy=True)
+    hi = hi.astype(np.int64, copy=True)
+    idx = np.flatnonzero(lo < hi)
+    while len(idx):
+        mid = (lo[idx] + hi[idx]) >> 1
+        less = values[mid] < q[idx]
+        lo[idx[less]] = mid[less] + 1
+        hi[idx[~less]] = mid[~less]
+        idx = idx[lo[idx] < hi[idx]]
+    return lo
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray, total: int, out: np.ndarray | None = None) -> np.ndarray:
+    """``concatenate([arange(s, s + n) for s, n in zip(starts, lengths)])`` in one cumsum (``total`` = sum of lengths),
+    into ``out`` (int64, ``total`` long) when given."""
+    nz = lengths > 0
+    s, n = starts[nz].astype(np.int64), lengths[nz].astype(np.int64)
+    step = np.empty(total, np.int64) if out is None else out
+    step.fill(1)
+    if len(s):
+        first = np.cumsum(n) - n
+        step[0] = s[0]
+        step[first[1:]] = s[1:] - (s[:-1] + n[:-1]) + 1
+    return np.cumsum(step, out=step)
+
+
+def _part_size(n: int, batch: int, threads: int) -> int:
+    """Items per multi-get call: at most ``batch``, and a multiple of ``threads`` calls of equal size
+    (6 calls on 4 threads take 2 rounds, the second half idle; 8 smaller ones fill both)."""
+    if threads <= 1 or n <= batch:
+        return max(1, batch)
+    rounds = -(-n // (threads * batch))
+    return max(1, -(-n // (rounds * threads)))
+
+
+SCRATCH_MAX_BYTES = 64 << 20  # larger arrays are not kept
+_SCRATCH = threading.local()
+
+
+def scratch_array(key: Any, n: int, dtype: Any) -> np.ndarray:
+    """An uninitialized array of ``n`` items, reusing this thread's buffer for ``key``.
+
+    Why: a lookup's decoded pools and gather indexes are tens of MB, dropped
+    as soon as the lists are copied out; fresh allocations of that size come
+    back from the OS as untouched pages, and faulting them in cost as much as
+    the numpy work on them (thousands of page faults a batch, measured).
+    The array is valid until this thread asks for ``key`` again; each thread
+    keeps at most one buffer per key, none over ``SCRATCH_MAX_BYTES``.
+    """
+    dt = np.dtype(dtype)
+    need = n * dt.itemsize
+    if need > SCRATCH_MAX_BYTES:
+        return np.empty(n, dt)
+    bufs = _SCRATCH.__dict__.setdefault("bufs", {})
+    buf = bufs.get(key)
+    if buf is None or buf.nbytes < need:
+        buf = bufs[key] = np.empty(need + need // 4, np.uint8)
+    return buf[:need].view(dt)
 
 
 _POOLS: dict[int, ThreadPoolExecutor] = {}

@@ -374,8 +374,8 @@ class SequenceTable(Table):
         """
         store = self.open_store(branch, snapshot_id, build)
         keys = _as_array(keys, store.key_type)
-        out = store.lookup(keys, before, columns, max_len, window, threads=threads)
-        self.last_lookup_stats = dict(store.last_stats)
+        out, stats = store.lookup_stats(keys, before, columns, max_len, window, threads=threads)
+        self.last_lookup_stats = stats
         return out
 
     def view(
