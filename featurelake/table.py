@@ -35,6 +35,7 @@ from featurelake.schema import arrow_schema, conform, is_arrow_stream, to_table
 from featurelake.schema import LOCATOR_FILE
 from featurelake.state import STATE_KEY, PlatformState, StateWriter, state_of, summary_props
 from featurelake.storage import platform_dir, storage_of
+from featurelake.threads import staged_uploads
 
 if TYPE_CHECKING:
     from featurelake.lake import Lake
@@ -286,19 +287,24 @@ class Table:
             added = [f.file_path for f in files + removal.added]
             live_after = (set(snapshot_files(ice, head)) - {f.file_path for f in removal.removed}) | set(added)
             index.extend(ice, writer, added, keys, live_after, known=known_keys)
-            props = self._state_props(ice, head, writer.write() if writer.changed else state.root_path)
-            props["featurelake.operation"] = "append" if replace_filter is None else ("overwrite" if files else "delete")
             tx = ice.transaction()
-            if removal.empty:
-                with tx.update_snapshot(snapshot_properties=props, branch=branch).fast_append() as op:
-                    for f in files:
-                        op.append_data_file(f)
-            else:
-                with tx.update_snapshot(snapshot_properties=props, branch=branch).overwrite() as op:
-                    for f in removal.removed:
-                        op.delete_data_file(f)
-                    for f in removal.added + files:
-                        op.append_data_file(f)
+            with staged_uploads() as pending:  # the state uploads while the manifests are written
+                root = state.root_path
+                if writer.changed:
+                    root, uploading = writer.start()
+                    pending.append(uploading)
+                props = self._state_props(ice, head, root)
+                props["featurelake.operation"] = "append" if replace_filter is None else ("overwrite" if files else "delete")
+                if removal.empty:
+                    with tx.update_snapshot(snapshot_properties=props, branch=branch).fast_append() as op:
+                        for f in files:
+                            op.append_data_file(f)
+                else:
+                    with tx.update_snapshot(snapshot_properties=props, branch=branch).overwrite() as op:
+                        for f in removal.removed:
+                            op.delete_data_file(f)
+                        for f in removal.added + files:
+                            op.append_data_file(f)
             snapshot_id = commit(tx, branch)
             landed.append(snapshot_id)
             remember_files(ice, head, snapshot_id, files + removal.added, removal.removed)

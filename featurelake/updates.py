@@ -53,7 +53,7 @@ from featurelake.schema import (
 )
 from featurelake.state import STATE_KEY, StateWriter, UpdateEntry, summary_props
 from featurelake.storage import storage_of
-from featurelake.threads import MAX_THREADS, Pending, run_all, start_all
+from featurelake.threads import MAX_THREADS, Pending, run_all, start_all, staged_uploads
 from featurelake.writer_settings import WriterSettings
 
 if TYPE_CHECKING:
@@ -482,6 +482,18 @@ def apply_column_updates(
         return optimistic(table.refresh, attempt, f"backfill {table.name}@{branch}")
 
 
+def stage_snapshot(ice: IcebergTable, writer: StateWriter, root_path: str, props: dict[str, str], producer, pending: list[Pending]) -> None:
+    """Start the upload of ``writer``'s state at ``root_path`` and stage ``producer``'s snapshot meanwhile.
+
+    The state's summary (``props``, which the producer reads) is known from
+    memory, so the manifest list is written while the state and any update
+    files in ``pending`` upload: one round trip on the critical path for all.
+    """
+    pending.append(writer.start(root_path)[1])
+    props.update(summary_props(ice.io, root_path))
+    producer.commit()
+
+
 def commit_update_files(
     table: "Table",
     ice: IcebergTable,
@@ -504,21 +516,12 @@ def commit_update_files(
     root_path = writer.new_root_path()
     props = {STATE_KEY: root_path, "featurelake.operation": "backfill", "featurelake.columns": ",".join(columns)}
     producer = tx.update_snapshot(snapshot_properties=props, branch=branch).fast_append()
-    pending: list[Pending] = []  # update file uploads still running while the state and manifest list are written
-    try:
+    with staged_uploads() as pending:
         files, total_bytes = stage_update_files(
             table, ice, head, writer, producer.snapshot_id, rows, columns, tx.table_metadata.schema(), written, groups,
             write_files, pending,
         )
-        writer.write(root_path)
-        props.update(summary_props(ice.io, root_path))  # the producer reads its summary at commit
-        producer.commit()
-    except BaseException:
-        for p in pending:  # nothing is deleted (by the caller's cleanup) while an upload may still run
-            p.wait(raise_errors=False)
-        raise
-    for p in pending:
-        p.wait()  # every update file is stored before the commit can name it
+        stage_snapshot(ice, writer, root_path, props, producer, pending)
     report.snapshot_id = commit(tx, branch)
     report.rows_updated = rows.num_rows
     report.data_files_touched = report.update_files = files

@@ -357,25 +357,37 @@ def test_a_small_file_of_known_size_is_one_get_and_a_wrong_size_falls_back(seawe
 
 
 @both_backends
-def test_a_commit_writes_its_state_in_one_pack_and_older_packs_never_leak(backend):
-    """Every shard a commit changes goes into one file; a shard rewritten later is read from its
-    new pack only (the older pack still holds its stale rows), so no update is lost or resurrected."""
+@pytest.mark.parametrize("inline", [True, False], ids=["in-root", "separate-pack"])
+def test_a_commit_writes_its_state_in_one_file_and_older_packs_never_leak(backend, inline, monkeypatch):
+    """Every shard a commit changes goes into one file: the state root itself (the whole state in
+    one PUT), or past ``state.INLINE_ENTRIES`` entries a separate pack beside it. A shard rewritten
+    later is read from its new file only (the older one still holds its stale rows), so no update
+    is lost or resurrected, also when read back from storage by a fresh process."""
+    from featurelake import state as state_module
+
+    if not inline:
+        monkeypatch.setattr(state_module, "INLINE_ENTRIES", 0)
     lake = backend.lake
     t = lake.create_table("ns.packs", SCHEMA, primary_key="id")
     for lo in range(0, 1200, 100):
         t.append(_rows(range(lo, lo + 100)))  # 12 data files: many shards
-    packs = lambda: {f for f in backend.files(".parquet") if "/_featurelake/shard-" in f}  # noqa: E731
-    before = packs()
+    state_files = lambda: {f for f in backend.files(".parquet") if "/_featurelake/" in f and "/index/" not in f}  # noqa: E731
+    per_commit = 1 if inline else 2  # the root (and the pack)
+    before = state_files()
     t.backfill(pa.table({"id": pa.array(range(0, 1200, 10), pa.int64()), "x": np.full(120, 2.0)}))
-    first = packs() - before
-    assert len(first) == 1  # 12 shards' worth of entries, one file
+    first = state_files() - before
+    assert len(first) == per_commit and sum("/shard-" in f for f in first) == per_commit - 1
     t.backfill(pa.table({"id": pa.array([0, 10], pa.int64()), "x": [3.0, 4.0]}))  # one data file's shard again
-    assert len(packs() - before - first) == 1
+    assert len(state_files() - before - first) == per_commit
+    state_module.clear_caches()  # what a fresh process reads from storage
     ice = t.refresh()
     state = t._state(ice, ice.current_snapshot())
     entries = state.by_data_file()
     assert len(entries) == 12 and state.update_files == 13
     assert sorted(len(es) for es in entries.values()) == [1] * 11 + [2]
+    files = {backend.name_of(p) for p in state.shards.values()}
+    assert files <= first | (state_files() - before - first)  # every shard names a file the two commits wrote
+    assert (backend.name_of(state.root_path) in files) == inline
     stored = {backend.name_of(f) for f in backend.files()}
     assert {backend.name_of(e.update_file) for es in entries.values() for e in es} <= stored  # each names a stored file
     got = dict(zip(*t.read(columns=["id", "x"]).to_pydict().values()))
