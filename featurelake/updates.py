@@ -37,7 +37,7 @@ from featurelake.errors import (
 )
 from featurelake.index import read_key_columns
 from featurelake.keys import ROW, check_keys, conform_keys, find
-from featurelake.livefiles import snapshot_files
+from featurelake.livefiles import remember_files, snapshot_files
 from featurelake.read import POS_FIELD_ID
 from featurelake.schema import (
     LOCATOR_FILE,
@@ -523,6 +523,7 @@ def commit_update_files(
         )
         stage_snapshot(ice, writer, root_path, props, producer, pending)
     report.snapshot_id = commit(tx, branch)
+    remember_files(ice, head, report.snapshot_id, [])  # the same data files: the next write plans no manifests
     report.rows_updated = rows.num_rows
     report.data_files_touched = report.update_files = files
     report.bytes_written = total_bytes

@@ -27,7 +27,7 @@ from featurelake import index, refs
 from featurelake.commit import cleanup_on_failure, commit, delete_quietly, optimistic
 from featurelake.errors import SchemaMismatchError
 from featurelake.keys import ROW, check_keys, conform_keys, find
-from featurelake.livefiles import snapshot_files
+from featurelake.livefiles import remember_files, snapshot_files
 from featurelake.datafiles import index_keys
 from featurelake.rewrite import write_files as write_rows_files
 from featurelake.schema import RESERVED_PREFIX, arrow_schema, check_column_names, conform, to_table
@@ -126,6 +126,7 @@ def upsert(table: "Table", data: Any, branch: str = refs.MAIN, *, write_files: U
                 index.extend(ice, writer, [f.file_path for f in data_files], keys, live_after, known=known)
             stage_snapshot(ice, writer, root_path, props, producer, pending)
         report.snapshot_id = commit(tx, branch)
+        remember_files(ice, head, report.snapshot_id, data_files)  # the next write plans no manifests
         report.rows_updated = int(is_existing.sum())
         report.rows_inserted = inserts.num_rows
         report.update_files = report.data_files_touched = update_files
