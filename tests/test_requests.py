@@ -282,6 +282,37 @@ def test_each_operation_costs_at_most_twice_its_floor_on_s3(s3_lake, seaweed):
 
 
 @pytest.mark.slow
+def test_a_backfill_on_s3_costs_its_update_files_the_state_root_the_manifest_list_and_one_commit(s3_lake, seaweed, fresh_process):
+    """A one-column backfill of every row, counted by the server: one PUT per update file, one for
+    the platform state (its root holds the shards the commit changed: no separate pack) and one for
+    the manifest list, then one catalog load and one commit -- the floor (update files + a commit)
+    plus three. Nothing else: no HEAD before a PUT, no re-read of metadata this process has, so a
+    warm backfill makes no GET at all. A fresh process adds only what it lacks, one read each: the
+    manifest list, the manifest, the state root (with its shards) and the index segment."""
+    n = 20_000
+    t = s3_lake.create_table("ns.bf", EVENTS, primary_key="id", partition_by=["day(ts)"])
+    t.append(_events(np.arange(n), lambda i: i % DAYS))  # one data file per day
+    ids = np.arange(n, dtype=np.int64)
+    counts = {}
+    for run, value in (("first", 1.0), ("warm", 2.0), ("cold", 3.0)):
+        if run == "cold":
+            fresh_process()
+        values = pa.table({"id": ids, "z": np.full(n, value, np.float32)})
+        with seaweed.counting() as s3, counting_catalog_calls(s3_lake.catalog) as calls:
+            t.backfill(values)
+        assert t.last_update_report.update_files == DAYS
+        counts[run] = ({k: v for k, v in s3.items() if k != "total"}, dict(calls))
+        got = t.read(columns=["id", "z"]).sort_by("id")
+        assert got["id"].to_pylist() == ids.tolist() and set(got["z"].to_pylist()) == {value}
+    one_commit = {"load_table": 1, "commit_table": 1}
+    assert counts["warm"] == ({"PUT": DAYS + 2}, one_commit), counts  # was DAYS + 3 PUTs and a GET (a pack, the manifest)
+    assert counts["first"] == ({"PUT": DAYS + 2, "GET_RANGE": 1}, one_commit), counts  # + the index segment, not cached yet
+    cold, calls = counts["cold"]
+    assert calls == one_commit and cold["PUT"] == DAYS + 2, counts
+    assert cold.get("GET", 0) + cold.get("GET_RANGE", 0) == 4 and set(cold) <= {"PUT", "GET", "GET_RANGE"}, counts
+
+
+@pytest.mark.slow
 def test_gc_on_s3_deletes_in_batches_exactly_the_unreferenced_files(s3_lake, seaweed):
     """GC deletes with DeleteObjects (one POST for up to 1,000 named keys, no per-file HEAD/DELETE/PUT):
     the bucket listed before and after with an independent client differs by exactly the report."""

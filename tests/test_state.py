@@ -16,16 +16,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from backends import both_backends
-from featurelake import index, manifest_cache, merge, state
+from featurelake import state
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("x", pa.float64())])
-
-
-def _fresh_process() -> None:
-    index.clear_caches()
-    manifest_cache.clear()
-    state.clear_caches()
-    merge._FILES_CACHE.clear()
 
 
 def _rows(lo: int, hi: int) -> pa.Table:
@@ -66,7 +59,7 @@ def _as_format_1(backend, path: str) -> None:
     backend.overwrite(path, sink.getvalue().to_pybytes())
 
 
-def test_tables_written_in_format_1_stay_readable_and_writable(backend, monkeypatch):
+def test_tables_written_in_format_1_stay_readable_and_writable(backend, monkeypatch, fresh_process):
     """A table whose every state root is format 1 reads, time-travels, takes new commits (format-2
     roots naming format-1 packs), compacts and collects garbage exactly as the oracle says."""
     monkeypatch.setattr(state, "INLINE_ENTRIES", -1)  # packs beside the roots, as format 1 wrote them
@@ -90,7 +83,7 @@ def test_tables_written_in_format_1_stay_readable_and_writable(backend, monkeypa
     for root in roots:
         _as_format_1(backend, root)
     monkeypatch.undo()
-    _fresh_process()
+    fresh_process()
     assert {_root_format(backend, r) for r in roots} == {1}
 
     _equal(_frame(t), oracle)
@@ -102,7 +95,7 @@ def test_tables_written_in_format_1_stay_readable_and_writable(backend, monkeypa
     oracle.loc[[1, 2000], "x"] = [7.0, 8.0]
     (new_root,) = _roots(backend) - roots
     assert _root_format(backend, new_root) == 2
-    _fresh_process()
+    fresh_process()
     _equal(_frame(t), oracle)
     ice = t.refresh()
     inherited = set(t._state(ice, ice.current_snapshot()).shards.values())
@@ -111,13 +104,13 @@ def test_tables_written_in_format_1_stay_readable_and_writable(backend, monkeypa
     t.compact()
     t.expire_snapshots(datetime.now() + timedelta(seconds=1), retain_last=1)
     backend.lake.collect_garbage(older_than=timedelta(0))
-    _fresh_process()
+    fresh_process()
     _equal(_frame(t), oracle)
     assert t.stats()["update_files"] == 0 and t.verify_index()["ok"]
 
 
 @both_backends
-def test_a_root_holds_its_commits_shards_and_a_fresh_process_reads_them_from_it(backend):
+def test_a_root_holds_its_commits_shards_and_a_fresh_process_reads_them_from_it(backend, fresh_process):
     """A commit's changed shards are rows of its root; a reader with nothing cached gets the root and
     those rows from that one file, and a later commit's root names the older root for shards it kept."""
     t = backend.lake.create_table("ns.inline", SCHEMA, primary_key="id")
@@ -128,7 +121,7 @@ def test_a_root_holds_its_commits_shards_and_a_fresh_process_reads_them_from_it(
     rows = pq.read_table(pa.BufferReader(backend.read_bytes(first)))
     assert rows.num_rows == 4 and rows["rows"].to_pylist() == [1] * 4  # one entry per update file, each of one row
     t.backfill(pa.table({"id": pa.array([2], pa.int64()), "x": [-9.0]}))
-    _fresh_process()
+    fresh_process()
     ice = t.refresh()
     current = t._state(ice, ice.current_snapshot())
     kept = {p for p in current.shards.values() if p != current.root_path}
