@@ -51,6 +51,7 @@ class Table:
         self.lake = lake
         self.name = name
         self._ice = ice
+        self._committed: IcebergTable | None = None  # what this object's last backfill commit returned (CommitBase)
         storage_of(ice.io)  # its S3 writes become single PUTs (featurelake.storage)
 
     # ------------------------------------------------------------ identity
@@ -66,6 +67,7 @@ class Table:
         track(ice.io)
         storage_of(ice.io)
         self._ice = ice
+        self._committed = None  # another operation ran: it may have committed since
         return ice
 
     @property

@@ -25,7 +25,7 @@ from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
 from featurelake import refs, sorting
-from featurelake.commit import cleanup_on_failure, commit, delete_quietly, optimistic
+from featurelake.commit import CommitBase, cleanup_on_failure, commit, committed_table, delete_quietly, optimistic
 from featurelake.datafiles import update_file_settings
 from featurelake.errors import (
     DuplicateKeyError,
@@ -452,6 +452,8 @@ def apply_column_updates(
         raise SchemaMismatchError(f"give all key columns {keys} or none with _file/_pos; got {given_keys}", given_keys)
     report = UpdateReport(columns=list(columns))
     written: list[str] = []
+    cached, table._committed = table._committed, None
+    base = CommitBase(cached, table.refresh)  # back-to-back backfills load no metadata (see CommitBase)
 
     def attempt(ice: IcebergTable) -> UpdateReport:
         delete_quietly(ice, written)  # leftovers of an attempt that lost a commit race
@@ -472,14 +474,16 @@ def apply_column_updates(
             rows = _locate_by_key(table, ice, head, values, on_unknown, report)
             groups = _groups(rows, ordered=True)  # located_rows put them in (file, position) order
         if rows.num_rows == 0:
+            base.confirm("nothing to backfill")
             report.snapshot_id = head.snapshot_id
             return report
         return commit_update_files(
             table, ice, head, branch, values, rows, columns, new_columns, written, report, groups, write_files
         )
 
-    with cleanup_on_failure(table._ice, written, landed=lambda: report.snapshot_id is not None):
-        return optimistic(table.refresh, attempt, f"backfill {table.name}@{branch}")
+    landed = lambda: report.snapshot_id is not None  # noqa: E731
+    with cleanup_on_failure(table._ice, written, landed=landed):
+        return optimistic(base, base.guard(attempt, landed), f"backfill {table.name}@{branch}")
 
 
 def stage_snapshot(ice: IcebergTable, writer: StateWriter, root_path: str, props: dict[str, str], producer, pending: list[Pending]) -> None:
@@ -523,6 +527,7 @@ def commit_update_files(
         )
         stage_snapshot(ice, writer, root_path, props, producer, pending)
     report.snapshot_id = commit(tx, branch)
+    table._committed = committed_table(tx, branch, report.snapshot_id)  # the next backfill starts from it
     remember_files(ice, head, report.snapshot_id, [])  # the same data files: the next write plans no manifests
     report.rows_updated = rows.num_rows
     report.data_files_touched = report.update_files = files

@@ -37,6 +37,7 @@ def test_each_operation_loads_the_table_once(lake):
     ops = [
         ("append", lambda: t.append(_rows(range(100)))),
         ("backfill", lambda: t.backfill(pa.table({"id": pa.array([1, 2], pa.int64()), "x": [2.0, 3.0]}))),
+        ("backfill again", lambda: t.backfill(pa.table({"id": pa.array([3], pa.int64()), "x": [4.0]}))),
         ("upsert", lambda: t.upsert(pa.table({"id": pa.array([1, 200], pa.int64()), "x": [2.0, 3.0]}))),
         ("read", lambda: t.read(columns=["x"])),
         ("delete", lambda: t.delete("id < 5")),
@@ -54,8 +55,46 @@ def test_each_operation_loads_the_table_once(lake):
         with counting_catalog_calls(lake.catalog) as calls:
             op()
         loads[name] = calls["load_table"]
-    assert loads == {name: 1 for name, _ in ops}
+    # a backfill right after this object's own backfill starts from the metadata that commit returned
+    assert loads == {name: 0 if name == "backfill again" else 1 for name, _ in ops}
     assert sorted(t.read()["id"].to_pylist()) == list(range(5, 100)) + [200] + list(range(300, 310))
+
+
+@both_backends
+def test_back_to_back_backfills_load_no_metadata_and_never_miss_another_writer(backend):
+    """A backfill starts from the metadata its table object's own last backfill commit returned: no
+    catalog load. When another writer has committed since (on the branch, on another branch, or
+    appending the very keys being set), the commit on that metadata is refused or what it found
+    there is not trusted, and it runs again on a fresh load: nothing lost, no stale error, and no
+    update file of a refused attempt left behind."""
+    lake = backend.lake
+    t = lake.create_table("ns.bb", SCHEMA, primary_key="id")
+    t.append(_rows(range(1000)))
+    other = lake.table("ns.bb")  # another writer (its own table object)
+    oracle = {i: 1.0 for i in range(1000)}
+
+    def backfill(table, ids, x: float) -> dict:
+        with counting_catalog_calls(lake.catalog) as calls:
+            table.backfill(pa.table({"id": pa.array(list(ids), pa.int64()), "x": np.full(len(ids), x)}))
+        oracle.update({i: x for i in ids})
+        return dict(calls)
+
+    assert backfill(t, range(0, 1000, 2), 2.0) == {"load_table": 1, "commit_table": 1}
+    assert backfill(t, range(1, 1000, 2), 3.0) == {"commit_table": 1}  # from the last commit's answer
+    assert backfill(other, range(0, 10), 4.0)["commit_table"] == 1
+    # the branch moved: the commit on the cached metadata is refused, the retry loads
+    assert backfill(t, range(10, 20), 5.0) == {"commit_table": 2, "load_table": 1}
+    other.create_branch("dev")
+    other.append(_rows(range(5000, 5010)), branch="dev")  # another branch: a sequence number t has not seen
+    on_dev = dict(oracle) | {i: 1.0 for i in range(5000, 5010)}
+    assert backfill(t, range(20, 30), 6.0) == {"commit_table": 2, "load_table": 1}  # refused at once, never taken for a lost answer
+    other.append(_rows(range(1000, 1100)))  # keys t's cached metadata does not know: found on a fresh load
+    oracle.update({i: 1.0 for i in range(1000, 1100)})
+    assert backfill(t, range(1000, 1100), 7.0) == {"commit_table": 1, "load_table": 1}  # no commit of the stale finding
+    assert dict(zip(*t.read(columns=["id", "x"]).to_pydict().values())) == oracle
+    assert dict(zip(*other.read(columns=["id", "x"], branch="dev").to_pydict().values())) == on_dev
+    unreferenced = lake.collect_garbage(older_than=timedelta(0), dry_run=True).files
+    assert not [f for f in unreferenced if "/_updates/" in str(f)], unreferenced
 
 
 def _probe(rng, keys: np.ndarray, n: int) -> pa.Table:
