@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.table.update import AssertCurrentSchemaId
 
 from featurelake import refs, sorting
 from featurelake.commit import CommitBase, cleanup_on_failure, commit, committed_table, delete_quietly, optimistic
@@ -458,6 +459,7 @@ def apply_column_updates(
     def attempt(ice: IcebergTable) -> UpdateReport:
         delete_quietly(ice, written)  # leftovers of an attempt that lost a commit race
         written.clear()
+        report.unknown_skipped = 0  # what an earlier attempt found on older metadata does not count
         head = refs.branch_head(ice.metadata, branch)
         if head is None:
             raise UnknownKeyError(f"{table.name}@{branch} is empty: nothing to backfill", count=data.num_rows)
@@ -515,6 +517,9 @@ def commit_update_files(
     """One backfill commit on ``head``: new columns (typed from ``values``), the update files
     of ``rows`` (or ``groups``), the next platform state, and the snapshot; fills ``report``."""
     tx = ice.transaction()
+    # columns were resolved to field ids on this schema: a schema changed meanwhile (a column renamed or
+    # soft-deleted by another writer) makes the commit a conflict, retried on a fresh load
+    tx._stage((), (AssertCurrentSchemaId(current_schema_id=ice.metadata.current_schema_id),))  # noqa: SLF001
     add_columns(tx, values, new_columns)
     writer = StateWriter(table._state(ice, head), ice.io, table._platform_dir(ice))
     root_path = writer.new_root_path()

@@ -93,6 +93,11 @@ def test_back_to_back_backfills_load_no_metadata_and_never_miss_another_writer(b
     assert backfill(t, range(1000, 1100), 7.0) == {"commit_table": 1, "load_table": 1}  # no commit of the stale finding
     assert dict(zip(*t.read(columns=["id", "x"]).to_pydict().values())) == oracle
     assert dict(zip(*other.read(columns=["id", "x"], branch="dev").to_pydict().values())) == on_dev
+    backfill(t, range(40, 50), 8.0)  # t's own commit again: the next one starts from its answer
+    other.soft_delete_column("x")  # a schema change, no snapshot: the branch head stays where t saw it
+    assert backfill(t, range(0, 5), 9.0) == {"commit_table": 2, "load_table": 1}  # "x" resolved on the old schema: refused
+    got = dict(zip(*t.read(columns=["id", "x"]).to_pydict().values()))
+    assert got == {i: 9.0 if i < 5 else None for i in oracle}  # a new column "x", as on a fresh load
     unreferenced = lake.collect_garbage(older_than=timedelta(0), dry_run=True).files
     assert not [f for f in unreferenced if "/_updates/" in str(f)], unreferenced
 
