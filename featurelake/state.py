@@ -314,7 +314,10 @@ class StateWriter:
         }
         encoded_root = _encode_entries(packed if inline else [], json.dumps(root))
         uploads.append((root_path, encoded_root))
-        uploading = start_all(lambda upload: _upload(self.io, *upload), uploads, len(uploads))
+        if storage_of(self.io).is_local(root_path):  # a local write is quicker than a hand-off to a thread
+            uploading = Pending([], [_upload(self.io, *upload) for upload in uploads])
+        else:
+            uploading = start_all(lambda upload: _upload(self.io, *upload), uploads, len(uploads))
         if packed:
             by_file: dict[str, list[UpdateEntry]] = {}
             for e in sorted(packed, key=lambda e: e.seq):
