@@ -161,8 +161,9 @@ def _landed(table: IcebergTable, snapshots: list[int], moves: dict[str, int], re
 
 
 class CommitBase:
-    """Where an operation's attempts start (a loader for :func:`optimistic`): first the metadata its
-    table object's own last commit returned, when it has one (no catalog load), then fresh loads.
+    """Where an operation's attempts start (a loader for :func:`optimistic`): first metadata its table
+    object already holds (what its last read loaded or its own last commit returned, with no
+    commit of its own since), when it has some (no catalog load), then fresh loads.
 
     That metadata is the branch's current state unless another writer has
     committed since; then the catalog refuses the commit (its requirements

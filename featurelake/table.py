@@ -51,7 +51,8 @@ class Table:
         self.lake = lake
         self.name = name
         self._ice = ice
-        self._committed: IcebergTable | None = None  # what this object's last backfill commit returned (CommitBase)
+        # the newest metadata this object has seen with no commit of its own since (a backfill starts from it: CommitBase)
+        self._base: IcebergTable | None = None
         storage_of(ice.io)  # its S3 writes become single PUTs (featurelake.storage)
 
     # ------------------------------------------------------------ identity
@@ -67,7 +68,7 @@ class Table:
         track(ice.io)
         storage_of(ice.io)
         self._ice = ice
-        self._committed = None  # another operation ran: it may have committed since
+        self._base = None  # the operation that loads it may commit
         return ice
 
     @property
@@ -118,7 +119,9 @@ class Table:
         """A snapshot-consistent scan, planned lazily (``.tasks()``, ``.to_table()``, ``.report``)."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InvalidArgumentError(f"batch_size must be a positive integer, not {batch_size!r}")
-        ice = ice or self.refresh()
+        if ice is None:
+            ice = self.refresh()
+            self._base = ice  # a read commits nothing: reading the keys to set is a backfill's usual prelude
         meta = ice.metadata
         snapshot = refs.resolve(meta, branch, snapshot_id)
         if snapshot_id is not None and snapshot is not None and snapshot.schema_id is not None:

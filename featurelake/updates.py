@@ -453,8 +453,8 @@ def apply_column_updates(
         raise SchemaMismatchError(f"give all key columns {keys} or none with _file/_pos; got {given_keys}", given_keys)
     report = UpdateReport(columns=list(columns))
     written: list[str] = []
-    cached, table._committed = table._committed, None
-    base = CommitBase(cached, table.refresh)  # back-to-back backfills load no metadata (see CommitBase)
+    cached, table._base = table._base, None
+    base = CommitBase(cached, table.refresh)  # after a read or a backfill of this object: no metadata load (CommitBase)
 
     def attempt(ice: IcebergTable) -> UpdateReport:
         delete_quietly(ice, written)  # leftovers of an attempt that lost a commit race
@@ -532,7 +532,7 @@ def commit_update_files(
         )
         stage_snapshot(ice, writer, root_path, props, producer, pending)
     report.snapshot_id = commit(tx, branch)
-    table._committed = committed_table(tx, branch, report.snapshot_id)  # the next backfill starts from it
+    table._base = committed_table(tx, branch, report.snapshot_id)  # the next backfill starts from it
     remember_files(ice, head, report.snapshot_id, [])  # the same data files: the next write plans no manifests
     report.rows_updated = rows.num_rows
     report.data_files_touched = report.update_files = files

@@ -40,6 +40,7 @@ def test_each_operation_loads_the_table_once(lake):
         ("backfill again", lambda: t.backfill(pa.table({"id": pa.array([3], pa.int64()), "x": [4.0]}))),
         ("upsert", lambda: t.upsert(pa.table({"id": pa.array([1, 200], pa.int64()), "x": [2.0, 3.0]}))),
         ("read", lambda: t.read(columns=["x"])),
+        ("backfill after a read", lambda: t.backfill(pa.table({"id": pa.array([4], pa.int64()), "x": [5.0]}))),
         ("delete", lambda: t.delete("id < 5")),
         ("create_branch", lambda: t.create_branch("b")),
         ("append to branch", lambda: t.append(_rows(range(300, 310)), branch="b")),
@@ -55,15 +56,15 @@ def test_each_operation_loads_the_table_once(lake):
         with counting_catalog_calls(lake.catalog) as calls:
             op()
         loads[name] = calls["load_table"]
-    # a backfill right after this object's own backfill starts from the metadata that commit returned
-    assert loads == {name: 0 if name == "backfill again" else 1 for name, _ in ops}
+    # a backfill right after this object's own backfill or read starts from the metadata it holds
+    assert loads == {name: 0 if name in ("backfill again", "backfill after a read") else 1 for name, _ in ops}
     assert sorted(t.read()["id"].to_pylist()) == list(range(5, 100)) + [200] + list(range(300, 310))
 
 
 @both_backends
 def test_back_to_back_backfills_load_no_metadata_and_never_miss_another_writer(backend):
-    """A backfill starts from the metadata its table object's own last backfill commit returned: no
-    catalog load. When another writer has committed since (on the branch, on another branch, or
+    """A backfill starts from the metadata its table object already holds (its last read, or what its
+    own last backfill commit returned): no catalog load. When another writer has committed since (on the branch, on another branch, or
     appending the very keys being set), the commit on that metadata is refused or what it found
     there is not trusted, and it runs again on a fresh load: nothing lost, no stale error, and no
     update file of a refused attempt left behind."""
@@ -81,6 +82,8 @@ def test_back_to_back_backfills_load_no_metadata_and_never_miss_another_writer(b
 
     assert backfill(t, range(0, 1000, 2), 2.0) == {"load_table": 1, "commit_table": 1}
     assert backfill(t, range(1, 1000, 2), 3.0) == {"commit_table": 1}  # from the last commit's answer
+    ids = t.read(columns=["id"])["id"].to_pylist()  # the usual prelude: the keys to set, read from the table
+    assert backfill(t, ids[:1000:3], 3.5) == {"commit_table": 1}  # from the read's metadata
     assert backfill(other, range(0, 10), 4.0)["commit_table"] == 1
     # the branch moved: the commit on the cached metadata is refused, the retry loads
     assert backfill(t, range(10, 20), 5.0) == {"commit_table": 2, "load_table": 1}
