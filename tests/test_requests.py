@@ -439,7 +439,7 @@ def test_a_small_file_of_known_size_is_one_get_and_a_wrong_size_falls_back(seawe
 
 @both_backends
 @pytest.mark.parametrize("inline", [True, False], ids=["in-root", "separate-pack"])
-def test_a_commit_writes_its_state_in_one_file_and_older_packs_never_leak(backend, inline, monkeypatch):
+def test_a_commit_writes_its_state_in_one_pack_and_older_packs_never_leak(backend, inline, monkeypatch):
     """Every shard a commit changes goes into one file: the state root itself (the whole state in
     one PUT), or past ``state.INLINE_ENTRIES`` entries a separate pack beside it. A shard rewritten
     later is read from its new file only (the older one still holds its stale rows), so no update
