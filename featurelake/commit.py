@@ -30,7 +30,7 @@ from pyiceberg.table.update.snapshot import ManageSnapshots
 
 from featurelake import manifest_cache
 from featurelake.errors import CommitConflictError, CommitStateUnknownError
-from featurelake.guard import delete_quietly_io, recording
+from featurelake.guard import delete_quietly_io, recording, track
 
 manifest_cache.install()  # keeps a rebased commit's window short (see featurelake.manifest_cache)
 
@@ -50,6 +50,12 @@ def single_attempt(ice: IcebergTable) -> IcebergTable:
 
 def _is_stale_sequence(e: ValueError) -> bool:
     return "sequence number" in str(e)
+
+
+def _refused_as_stale(e: BaseException) -> bool:
+    """A REST catalog's refusal (HTTP 400) of a snapshot numbered from metadata another commit has
+    since moved on: refused, so nothing was applied (the attempt is retried on a fresh load)."""
+    return type(e).__name__ == "BadRequestError" and "sequence number" in str(e)
 
 
 def is_busy(e: BaseException) -> bool:
@@ -107,6 +113,8 @@ def commit(tx: Transaction, branch: str | None = None) -> int | None:
     except Exception as e:
         if is_busy(e):
             raise
+        if _refused_as_stale(e):
+            raise CommitFailedException(f"commit to {'.'.join(table.name())} refused: {e}") from e
         outcome = _landed(table, snapshots, moves, removed)
         if outcome is False:  # confirm after a pause: a COMMIT still finishing on the server shows up
             time.sleep(CONFIRM_AFTER_S)
@@ -150,6 +158,62 @@ def _landed(table: IcebergTable, snapshots: list[int], moves: dict[str, int], re
             return moved and all(name not in meta.refs for name in removed)
         return None  # a schema or property change only: nothing to recognise it by
     return None
+
+
+class CommitBase:
+    """Where an operation's attempts start (a loader for :func:`optimistic`): first metadata its table
+    object already holds (what its last read loaded or its own last commit returned, with no
+    commit of its own since), when it has some (no catalog load), then fresh loads.
+
+    That metadata is the branch's current state unless another writer has
+    committed since; then the catalog refuses the commit (its requirements
+    name the branch head and schema the attempt started from) and the next
+    attempt loads afresh. An attempt on the cached metadata that fails in any
+    other way, or finds nothing to commit (:meth:`confirm`), is not trusted
+    either: it runs again on a fresh load (:meth:`guard`), so no error and no
+    no-op ever comes from stale metadata.
+    """
+
+    def __init__(self, cached: IcebergTable | None, load: Callable[[], IcebergTable]) -> None:
+        self._cached = cached
+        self._load = load
+        self.from_cache = False
+
+    def __call__(self) -> IcebergTable:
+        cached, self._cached = self._cached, None
+        self.from_cache = cached is not None
+        if cached is None:
+            return self._load()
+        track(cached.io)  # files written through it are this call's (featurelake.guard): a failure deletes them
+        return cached
+
+    def confirm(self, what: str) -> None:
+        """Run the attempt again on a fresh load if it started from cached metadata (``what`` it found there)."""
+        if self.from_cache:
+            raise CommitFailedException(f"{what} on cached table metadata: confirming on a fresh load")
+
+    def guard(self, attempt: Callable[[IcebergTable], T], landed: Callable[[], bool]) -> Callable[[IcebergTable], T]:
+        """``attempt``, whose failures on cached metadata (before its commit ``landed``) are retried afresh."""
+
+        def run(ice: IcebergTable) -> T:
+            try:
+                return attempt(ice)
+            except (CommitFailedException, CommitStateUnknownError):
+                raise
+            except Exception as e:
+                if self.from_cache and not landed():
+                    raise CommitFailedException(f"failed on cached table metadata ({type(e).__name__}: {e}); retrying on a fresh load") from e
+                raise
+
+        return run
+
+
+def committed_table(tx: Transaction, branch: str, snapshot_id: int | None) -> IcebergTable | None:
+    """The table as the catalog answered ``tx``'s commit (its metadata now current), when ``branch``
+    is at ``snapshot_id`` there; None after a commit confirmed by re-reading (its answer was lost)."""
+    after = tx._table  # noqa: SLF001 - pyiceberg puts the catalog's answer there
+    ref = after.metadata.refs.get(branch)
+    return after if snapshot_id is not None and ref is not None and ref.snapshot_id == snapshot_id else None
 
 
 def reuse_first(ice: IcebergTable, load: Callable[[], IcebergTable]) -> Callable[[], IcebergTable]:

@@ -8,17 +8,23 @@ exactly the update files of its own commit.
 Layout, split the way Iceberg splits manifests so a commit rewrites only what
 it touched:
 
-* a small JSON *root* per platform commit (``featurelake.state`` in the
-  snapshot summary) with the commit order counter, the set of updated field
-  ids, totals, and a map ``shard -> shard file``;
-* Parquet *shards*, one row per live update file, each holding the entries of
-  the data files whose path hashes to that shard. A commit writes only the
+* a *root* per platform commit (``featurelake.state`` in the snapshot
+  summary): JSON with the commit order counter, the set of updated field
+  ids, totals, and a map ``shard -> file holding its entries``;
+* *shards*, one row per live update file, each holding the entries of the
+  data files whose path hashes to that shard. A commit writes only the
   shards it changed and references the others unchanged. The shards one
-  commit changed are written together in one file (a *pack*: one PUT on an
-  object store, however many shards changed); the root maps each shard to the
-  file that holds its current entries, and a shard's entries are the rows of
-  that file whose data file hashes to it (an older pack's rows of a shard
-  rewritten since are ignored).
+  commit changed are written together in one file (a *pack*), and a shard's
+  entries are the rows of that file whose data file hashes to it (an older
+  pack's rows of a shard rewritten since are ignored).
+
+Format 2 (this one): the root *is* the commit's pack, a Parquet file of shard
+rows with the JSON in its footer's key-value metadata (``featurelake.state``),
+so a commit's state is one PUT and a cold read of it one GET; the shards it
+changed name the root itself. A commit changing more than
+:data:`INLINE_ENTRIES` entries writes them to a separate pack instead, so that
+reading a root stays small. Format 1 roots (a one-cell Parquet ``state``
+column, or plain JSON, with every pack separate) are read as before.
 
 A snapshot without the summary key (an append, or another engine's commit)
 inherits its nearest ancestor's state. Every file is immutable and cached by
@@ -43,7 +49,7 @@ from featurelake.errors import CorruptFileError
 from featurelake.lru import LRU
 from featurelake.refs import ancestors
 from featurelake.storage import storage_of
-from featurelake.threads import start_all
+from featurelake.threads import Pending, start_all
 
 STATE_KEY = "featurelake.state"
 STATE_BYTES_KEY = "featurelake.state-bytes"  # the root's size: an object store reads it in one GET, no HEAD
@@ -51,7 +57,9 @@ STATE_BYTES_KEY = "featurelake.state-bytes"  # the root's size: an object store 
 PENDING_FILES_KEY = "featurelake.pending-update-files"
 PENDING_LAYERS_KEY = "featurelake.pending-update-layers"
 N_SHARDS = 64
-FORMAT = 1
+FORMAT = 2
+INLINE_ENTRIES = 1024  # a commit's changed entries go into its root up to this many (else a separate pack)
+_ROOT_META = b"featurelake.state"  # the footer key holding a format-2 root's JSON
 
 _SHARD_SCHEMA = pa.schema(
     [
@@ -259,62 +267,67 @@ class StateWriter:
         return f"{self.location}/state-{uuid.uuid4().hex}.parquet"
 
     def write(self, root_path: str | None = None) -> str:
-        """Write the changed shards and a new root; return the root's path.
+        """Write the changed shards and a new root; return the root's path once both are stored."""
+        root_path, uploading = self.start(root_path)
+        uploading.wait()
+        return root_path
 
+    def start(self, root_path: str | None = None) -> tuple[str, Pending]:
+        """Encode the changed shards and the new root and start their uploads; returns (root path, uploads).
+
+        The caller overlaps other work (the snapshot's manifest list) with the
+        uploads and must wait for them (``Pending.wait``, also on its failure
+        path) before committing a snapshot that names the root. The root is
+        cached from memory at once, so :func:`summary_props` reads nothing.
         Totals are kept per shard in the root, so a commit costs what it
         touched, not the size of the whole state.
         """
+        root_path = root_path or self.new_root_path()
+        changed = {shard: [e for es in entries.values() for e in es] for shard, entries in self._changed.items()}
+        packed = [e for rows in changed.values() for e in rows]
+        inline = len(packed) <= INLINE_ENTRIES
+        pack = root_path if inline else f"{self.location}/shard-{uuid.uuid4().hex}.parquet"
         shards = dict(self.base.shard_info)
-        pack = f"{self.location}/shard-{uuid.uuid4().hex}.parquet"
-        packed: list[UpdateEntry] = []
-        for shard, entries in self._changed.items():
-            rows = [e for es in entries.values() for e in es]
+        for shard, rows in changed.items():
             if not rows:
                 shards.pop(shard, None)
                 continue
-            packed.extend(rows)
             shards[shard] = {
                 "path": pack,
                 "files": len(rows),
                 "bytes": sum(e.bytes for e in rows),
                 "field_ids": sorted({f for e in rows for f in e.field_ids}),
-                "layers": max(len(es) for es in entries.values()),
+                "layers": max(len(es) for es in self._changed[shard].values()),
             }
-        uploading = None
-        if packed:  # every changed shard in one file: one PUT, however many shards changed
-            encoded = _encode_shard(packed)  # its size goes into the root, so the two uploads can overlap
-            pack_bytes = encoded.size
-            uploading = start_all(lambda data: _upload(self.io, pack, data), [encoded], 1)
-            for shard in self._changed:
-                if shards.get(shard, {}).get("path") == pack:
-                    shards[shard]["size"] = pack_bytes
-            by_file: dict[str, list[UpdateEntry]] = {}
-            for e in sorted(packed, key=lambda e: e.seq):
-                by_file.setdefault(e.data_file, []).append(e)
-            _SHARD_CACHE.put(pack, by_file)
+        uploads: list[tuple[str, pa.Buffer]] = []
+        if packed and not inline:  # its size goes into the root: a reader fetches it in one GET
+            encoded = _encode_entries(packed)
+            uploads.append((pack, encoded))
+            for shard in changed:
+                if shard in shards and shards[shard]["path"] == pack:
+                    shards[shard]["size"] = encoded.size
         root = {
             "format": FORMAT,
             "next_seq": self.next_seq,
             "shards": {str(k): v for k, v in sorted(shards.items())},
             "index": self.index_segments,
         }
-        root_path = root_path or self.new_root_path()
-        try:
-            with storage_of(self.io).write_new(root_path) as out:
-                pq.write_table(pa.table({"state": [json.dumps(root)]}), out)
-                root_size = out.tell()
-        except BaseException:
-            if uploading is not None:  # the pack's upload has ended before anyone cleans up
-                uploading.wait(raise_errors=False)
-            raise
-        if uploading is not None:
-            uploading.wait()  # the root names the pack: both are stored before this returns
-        _ROOT_SIZES.put(root_path, root_size)
-        _ROOT_CACHE.put(
-            root_path,
-            PlatformState(root_path, self.next_seq, {int(k): v for k, v in shards.items()}, tuple(self.index_segments)),
-        )
-        return root_path
+        encoded_root = _encode_entries(packed if inline else [], json.dumps(root))
+        uploads.append((root_path, encoded_root))
+        if storage_of(self.io).is_local(root_path):  # a local write is quicker than a hand-off to a thread
+            uploading = Pending([], [_upload(self.io, *upload) for upload in uploads])
+        else:
+            uploading = start_all(lambda upload: _upload(self.io, *upload), uploads, len(uploads))
+        if packed:
+            by_file: dict[str, list[UpdateEntry]] = {}
+            for e in sorted(packed, key=lambda e: e.seq):
+                by_file.setdefault(e.data_file, []).append(e)
+            _SHARD_CACHE.put(pack, by_file)
+        if inline:  # the root cannot record its own size; readers take it from the GET (see _load_root)
+            shards = {k: ({**v, "size": encoded_root.size} if v["path"] == root_path else v) for k, v in shards.items()}
+        _ROOT_SIZES.put(root_path, encoded_root.size)
+        _ROOT_CACHE.put(root_path, PlatformState(root_path, self.next_seq, shards, tuple(self.index_segments)))
+        return root_path, uploading
 
 
 # ---------------------------------------------------------------- file cache
@@ -336,11 +349,19 @@ def _load_root(io: FileIO, path: str, size: int | None = None) -> PlatformState:
     cached = _ROOT_CACHE.get(path)
     if cached is None:
         try:
-            raw = json.loads(_root_text(_root_bytes(io, path, size)))
+            data = _root_bytes(io, path, size)
+            text, entries = _decode_root(data)
+            raw = json.loads(text)
+            shard_info = {int(k): _shard_info(v) for k, v in raw["shards"].items()}
+            if entries is not None:  # format 2: the root holds its commit's shards, and now its size is known
+                _SHARD_CACHE.put(path, entries)
+                for info in shard_info.values():
+                    if info["path"] == path:
+                        info.setdefault("size", len(data))
             cached = PlatformState(
                 root_path=path,
                 next_seq=int(raw["next_seq"]),
-                shard_info={int(k): _shard_info(v) for k, v in raw["shards"].items()},
+                shard_info=shard_info,
                 index_segments=tuple(raw.get("index", ())),
             )
         except (OSError, ValueError, KeyError, TypeError, AttributeError, pa.ArrowException) as e:
@@ -371,12 +392,21 @@ def _shard_info(v: dict) -> dict:
     return v
 
 
-def _root_text(data: bytes) -> str:
-    """The JSON of a root: a one-cell Parquet file (an Iceberg file type, which object
-    stores behind a catalog accept), or plain JSON as roots were first written."""
-    if data[:4] == b"PAR1":
-        return pq.read_table(pa.BufferReader(data)).column("state")[0].as_py()
-    return data.decode()
+def _decode_root(data: bytes) -> tuple[str, dict[str, list[UpdateEntry]] | None]:
+    """A root's JSON, and its shard rows by data file (None for a format-1 root, which has none).
+
+    Format 2 is a Parquet file of shard rows with the JSON in its footer;
+    format 1 a one-cell Parquet file (column ``state``: an Iceberg file type,
+    which object stores behind a catalog accept), or plain JSON as roots were
+    first written.
+    """
+    if data[:4] != b"PAR1":
+        return data.decode(), None
+    f = pq.ParquetFile(pa.BufferReader(data))
+    meta = f.metadata.metadata or {}
+    if _ROOT_META in meta:
+        return meta[_ROOT_META].decode(), _entries_by_file(f.read())
+    return f.read().column("state")[0].as_py(), None
 
 
 def _shard_entries(io: FileIO | None, path: str, shard: int, size: int | None = None) -> dict[str, list[UpdateEntry]]:
@@ -413,8 +443,15 @@ def _fetch_shard(io: FileIO | None, path: str, size: int | None) -> dict[str, li
             tbl = pq.read_table(f)
     except (OSError, pa.ArrowInvalid) as e:
         raise CorruptFileError(f"platform state shard {path} is missing or unreadable: {e}", path) from e
+    out = _entries_by_file(tbl)
+    _SHARD_CACHE.put(path, out)
+    return out
+
+
+def _entries_by_file(tbl: pa.Table) -> dict[str, list[UpdateEntry]]:
+    """A pack's (or format-2 root's) rows as entries by data file, each list in commit order."""
     out: dict[str, list[UpdateEntry]] = {}
-    cols = tbl.to_pydict()
+    cols = tbl.select(_SHARD_SCHEMA.names).to_pydict()
     for i in range(tbl.num_rows):
         e = UpdateEntry(
             data_file=cols["data_file"][i],
@@ -429,7 +466,6 @@ def _fetch_shard(io: FileIO | None, path: str, size: int | None) -> dict[str, li
         out.setdefault(e.data_file, []).append(e)
     for v in out.values():
         v.sort(key=lambda e: e.seq)
-    _SHARD_CACHE.put(path, out)
     return out
 
 
@@ -440,8 +476,8 @@ def _upload(io: FileIO, path: str, data: pa.Buffer) -> int:
         return out.tell()
 
 
-def _encode_shard(entries: list[UpdateEntry]) -> pa.Buffer:
-    """A shard file's (or pack's) bytes."""
+def _encode_entries(entries: list[UpdateEntry], root_json: str | None = None) -> pa.Buffer:
+    """A pack's bytes; with ``root_json``, a format-2 root's (the JSON in the footer, no Arrow schema copy of it)."""
     entries = sorted(entries, key=lambda e: (e.data_file, e.seq))
     tbl = pa.Table.from_pydict(
         {
@@ -457,5 +493,10 @@ def _encode_shard(entries: list[UpdateEntry]) -> pa.Buffer:
         schema=_SHARD_SCHEMA,
     )
     sink = pa.BufferOutputStream()
-    pq.write_table(tbl, sink, compression="zstd")
+    if root_json is None:
+        pq.write_table(tbl, sink, compression="zstd")
+    else:
+        with pq.ParquetWriter(sink, _SHARD_SCHEMA, compression="zstd", store_schema=False) as writer:
+            writer.write_table(tbl)
+            writer.add_key_value_metadata({_ROOT_META.decode(): root_json})
     return sink.getvalue()

@@ -35,6 +35,7 @@ from featurelake.schema import arrow_schema, conform, is_arrow_stream, to_table
 from featurelake.schema import LOCATOR_FILE
 from featurelake.state import STATE_KEY, PlatformState, StateWriter, state_of, summary_props
 from featurelake.storage import platform_dir, storage_of
+from featurelake.threads import staged_uploads
 
 if TYPE_CHECKING:
     from featurelake.lake import Lake
@@ -50,6 +51,8 @@ class Table:
         self.lake = lake
         self.name = name
         self._ice = ice
+        # the newest metadata this object has seen with no commit of its own since (a backfill starts from it: CommitBase)
+        self._base: IcebergTable | None = None
         storage_of(ice.io)  # its S3 writes become single PUTs (featurelake.storage)
 
     # ------------------------------------------------------------ identity
@@ -65,6 +68,7 @@ class Table:
         track(ice.io)
         storage_of(ice.io)
         self._ice = ice
+        self._base = None  # the operation that loads it may commit
         return ice
 
     @property
@@ -115,7 +119,9 @@ class Table:
         """A snapshot-consistent scan, planned lazily (``.tasks()``, ``.to_table()``, ``.report``)."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise InvalidArgumentError(f"batch_size must be a positive integer, not {batch_size!r}")
-        ice = ice or self.refresh()
+        if ice is None:
+            ice = self.refresh()
+            self._base = ice  # a read commits nothing: reading the keys to set is a backfill's usual prelude
         meta = ice.metadata
         snapshot = refs.resolve(meta, branch, snapshot_id)
         if snapshot_id is not None and snapshot is not None and snapshot.schema_id is not None:
@@ -286,19 +292,24 @@ class Table:
             added = [f.file_path for f in files + removal.added]
             live_after = (set(snapshot_files(ice, head)) - {f.file_path for f in removal.removed}) | set(added)
             index.extend(ice, writer, added, keys, live_after, known=known_keys)
-            props = self._state_props(ice, head, writer.write() if writer.changed else state.root_path)
-            props["featurelake.operation"] = "append" if replace_filter is None else ("overwrite" if files else "delete")
             tx = ice.transaction()
-            if removal.empty:
-                with tx.update_snapshot(snapshot_properties=props, branch=branch).fast_append() as op:
-                    for f in files:
-                        op.append_data_file(f)
-            else:
-                with tx.update_snapshot(snapshot_properties=props, branch=branch).overwrite() as op:
-                    for f in removal.removed:
-                        op.delete_data_file(f)
-                    for f in removal.added + files:
-                        op.append_data_file(f)
+            with staged_uploads() as pending:  # the state uploads while the manifests are written
+                root = state.root_path
+                if writer.changed:
+                    root, uploading = writer.start()
+                    pending.append(uploading)
+                props = self._state_props(ice, head, root)
+                props["featurelake.operation"] = "append" if replace_filter is None else ("overwrite" if files else "delete")
+                if removal.empty:
+                    with tx.update_snapshot(snapshot_properties=props, branch=branch).fast_append() as op:
+                        for f in files:
+                            op.append_data_file(f)
+                else:
+                    with tx.update_snapshot(snapshot_properties=props, branch=branch).overwrite() as op:
+                        for f in removal.removed:
+                            op.delete_data_file(f)
+                        for f in removal.added + files:
+                            op.append_data_file(f)
             snapshot_id = commit(tx, branch)
             landed.append(snapshot_id)
             remember_files(ice, head, snapshot_id, files + removal.added, removal.removed)

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import os
 import threading
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, Iterator, Sequence, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -77,6 +78,35 @@ class Pending:
                 if f.exception() is not None:
                     raise f.exception()  # type: ignore[misc]
         return self._results
+
+
+def wait_all(pending: "Sequence[Pending]", raise_errors: bool = True) -> None:
+    """Wait for every task of every handle, then raise one of their exceptions (unless ``raise_errors`` is False).
+
+    Unlike waiting on each in turn, no upload is still running when this raises.
+    """
+    for p in pending:
+        p.wait(raise_errors=False)
+    if raise_errors:
+        for p in pending:
+            p.wait()
+
+
+@contextmanager
+def staged_uploads() -> Iterator[list[Pending]]:
+    """A list for the handles of uploads (update files, the state) left running while a snapshot is staged.
+
+    When the block ends every upload has ended: normally their errors are
+    raised; on a failure in the block the uploads are waited for first, so
+    the caller's cleanup never deletes a file an upload is still writing.
+    """
+    pending: list[Pending] = []
+    try:
+        yield pending
+    except BaseException:
+        wait_all(pending, raise_errors=False)
+        raise
+    wait_all(pending)  # every file is stored before a commit can name it
 
 
 def start_all(fn: Callable[[T], R], items: Sequence[T], threads: int = MAX_THREADS) -> Pending:

@@ -23,9 +23,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.table.update import AssertCurrentSchemaId
 
 from featurelake import refs, sorting
-from featurelake.commit import cleanup_on_failure, commit, delete_quietly, optimistic
+from featurelake.commit import CommitBase, cleanup_on_failure, commit, committed_table, delete_quietly, optimistic
 from featurelake.datafiles import update_file_settings
 from featurelake.errors import (
     DuplicateKeyError,
@@ -37,7 +38,7 @@ from featurelake.errors import (
 )
 from featurelake.index import read_key_columns
 from featurelake.keys import ROW, check_keys, conform_keys, find
-from featurelake.livefiles import snapshot_files
+from featurelake.livefiles import remember_files, snapshot_files
 from featurelake.read import POS_FIELD_ID
 from featurelake.schema import (
     LOCATOR_FILE,
@@ -53,7 +54,7 @@ from featurelake.schema import (
 )
 from featurelake.state import STATE_KEY, StateWriter, UpdateEntry, summary_props
 from featurelake.storage import storage_of
-from featurelake.threads import MAX_THREADS, Pending, run_all, start_all
+from featurelake.threads import MAX_THREADS, Pending, run_all, start_all, staged_uploads
 from featurelake.writer_settings import WriterSettings
 
 if TYPE_CHECKING:
@@ -452,10 +453,13 @@ def apply_column_updates(
         raise SchemaMismatchError(f"give all key columns {keys} or none with _file/_pos; got {given_keys}", given_keys)
     report = UpdateReport(columns=list(columns))
     written: list[str] = []
+    cached, table._base = table._base, None
+    base = CommitBase(cached, table.refresh)  # after a read or a backfill of this object: no metadata load (CommitBase)
 
     def attempt(ice: IcebergTable) -> UpdateReport:
         delete_quietly(ice, written)  # leftovers of an attempt that lost a commit race
         written.clear()
+        report.unknown_skipped = 0  # what an earlier attempt found on older metadata does not count
         head = refs.branch_head(ice.metadata, branch)
         if head is None:
             raise UnknownKeyError(f"{table.name}@{branch} is empty: nothing to backfill", count=data.num_rows)
@@ -472,14 +476,28 @@ def apply_column_updates(
             rows = _locate_by_key(table, ice, head, values, on_unknown, report)
             groups = _groups(rows, ordered=True)  # located_rows put them in (file, position) order
         if rows.num_rows == 0:
+            base.confirm("nothing to backfill")
             report.snapshot_id = head.snapshot_id
             return report
         return commit_update_files(
             table, ice, head, branch, values, rows, columns, new_columns, written, report, groups, write_files
         )
 
-    with cleanup_on_failure(table._ice, written, landed=lambda: report.snapshot_id is not None):
-        return optimistic(table.refresh, attempt, f"backfill {table.name}@{branch}")
+    landed = lambda: report.snapshot_id is not None  # noqa: E731
+    with cleanup_on_failure(table._ice, written, landed=landed):
+        return optimistic(base, base.guard(attempt, landed), f"backfill {table.name}@{branch}")
+
+
+def stage_snapshot(ice: IcebergTable, writer: StateWriter, root_path: str, props: dict[str, str], producer, pending: list[Pending]) -> None:
+    """Start the upload of ``writer``'s state at ``root_path`` and stage ``producer``'s snapshot meanwhile.
+
+    The state's summary (``props``, which the producer reads) is known from
+    memory, so the manifest list is written while the state and any update
+    files in ``pending`` upload: one round trip on the critical path for all.
+    """
+    pending.append(writer.start(root_path)[1])
+    props.update(summary_props(ice.io, root_path))
+    producer.commit()
 
 
 def commit_update_files(
@@ -499,27 +517,23 @@ def commit_update_files(
     """One backfill commit on ``head``: new columns (typed from ``values``), the update files
     of ``rows`` (or ``groups``), the next platform state, and the snapshot; fills ``report``."""
     tx = ice.transaction()
+    # columns were resolved to field ids on this schema: a schema changed meanwhile (a column renamed or
+    # soft-deleted by another writer) makes the commit a conflict, retried on a fresh load
+    tx._stage((), (AssertCurrentSchemaId(current_schema_id=ice.metadata.current_schema_id),))  # noqa: SLF001
     add_columns(tx, values, new_columns)
     writer = StateWriter(table._state(ice, head), ice.io, table._platform_dir(ice))
     root_path = writer.new_root_path()
     props = {STATE_KEY: root_path, "featurelake.operation": "backfill", "featurelake.columns": ",".join(columns)}
     producer = tx.update_snapshot(snapshot_properties=props, branch=branch).fast_append()
-    pending: list[Pending] = []  # update file uploads still running while the state and manifest list are written
-    try:
+    with staged_uploads() as pending:
         files, total_bytes = stage_update_files(
             table, ice, head, writer, producer.snapshot_id, rows, columns, tx.table_metadata.schema(), written, groups,
             write_files, pending,
         )
-        writer.write(root_path)
-        props.update(summary_props(ice.io, root_path))  # the producer reads its summary at commit
-        producer.commit()
-    except BaseException:
-        for p in pending:  # nothing is deleted (by the caller's cleanup) while an upload may still run
-            p.wait(raise_errors=False)
-        raise
-    for p in pending:
-        p.wait()  # every update file is stored before the commit can name it
+        stage_snapshot(ice, writer, root_path, props, producer, pending)
     report.snapshot_id = commit(tx, branch)
+    table._base = committed_table(tx, branch, report.snapshot_id)  # the next backfill starts from it
+    remember_files(ice, head, report.snapshot_id, [])  # the same data files: the next write plans no manifests
     report.rows_updated = rows.num_rows
     report.data_files_touched = report.update_files = files
     report.bytes_written = total_bytes

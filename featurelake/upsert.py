@@ -27,12 +27,22 @@ from featurelake import index, refs
 from featurelake.commit import cleanup_on_failure, commit, delete_quietly, optimistic
 from featurelake.errors import SchemaMismatchError
 from featurelake.keys import ROW, check_keys, conform_keys, find
-from featurelake.livefiles import snapshot_files
+from featurelake.livefiles import remember_files, snapshot_files
 from featurelake.datafiles import index_keys
 from featurelake.rewrite import write_files as write_rows_files
 from featurelake.schema import RESERVED_PREFIX, arrow_schema, check_column_names, conform, to_table
-from featurelake.state import STATE_KEY, StateWriter, summary_props
-from featurelake.updates import UpdateFileWriter, UpdateReport, _check_types, add_columns, fit_values, located_rows, stage_update_files
+from featurelake.state import STATE_KEY, StateWriter
+from featurelake.updates import (
+    UpdateFileWriter,
+    UpdateReport,
+    _check_types,
+    add_columns,
+    fit_values,
+    located_rows,
+    stage_snapshot,
+    stage_update_files,
+)
+from featurelake.threads import staged_uploads
 
 if TYPE_CHECKING:
     from featurelake.table import Table
@@ -96,27 +106,27 @@ def upsert(table: "Table", data: Any, branch: str = refs.MAIN, *, write_files: U
         partition_sources = {new_schema.find_column_name(f.source_id) for f in ice.spec().fields}
         update_columns = [c for c in value_columns if c not in partition_sources]
         update_files = update_bytes = 0
-        if existing is not None and existing.num_rows and update_columns:
-            for part, columns in _keep_required(existing, update_columns, current):
-                files, size = stage_update_files(
-                    table, ice, head, writer, producer.snapshot_id, part, columns, new_schema, written,
-                    write_files=write_files,
-                )
-                update_files, update_bytes = update_files + files, update_bytes + size
-        data_files = []
-        if rows is not None:
-            new = write_rows_files(ice, rows, metadata=tx.table_metadata)
-            data_files = [w.data_file for w in new]
-            written.extend(f.file_path for f in data_files)
-            for f in data_files:
-                producer.append_data_file(f)
-            live_after = set(snapshot_files(ice, head)) | {f.file_path for f in data_files}
-            known = {path: k for path, k in index_keys(new, keys) if k is not None}  # indexed from memory, not read back
-            index.extend(ice, writer, [f.file_path for f in data_files], keys, live_after, known=known)
-        writer.write(root_path)
-        props.update(summary_props(ice.io, root_path))  # the producer reads its summary at commit
-        producer.commit()
+        with staged_uploads() as pending:
+            if existing is not None and existing.num_rows and update_columns:
+                for part, columns in _keep_required(existing, update_columns, current):
+                    files, size = stage_update_files(
+                        table, ice, head, writer, producer.snapshot_id, part, columns, new_schema, written,
+                        write_files=write_files, pending=pending,
+                    )
+                    update_files, update_bytes = update_files + files, update_bytes + size
+            data_files = []
+            if rows is not None:
+                new = write_rows_files(ice, rows, metadata=tx.table_metadata)
+                data_files = [w.data_file for w in new]
+                written.extend(f.file_path for f in data_files)
+                for f in data_files:
+                    producer.append_data_file(f)
+                live_after = set(snapshot_files(ice, head)) | {f.file_path for f in data_files}
+                known = {path: k for path, k in index_keys(new, keys) if k is not None}  # indexed from memory, not read back
+                index.extend(ice, writer, [f.file_path for f in data_files], keys, live_after, known=known)
+            stage_snapshot(ice, writer, root_path, props, producer, pending)
         report.snapshot_id = commit(tx, branch)
+        remember_files(ice, head, report.snapshot_id, data_files)  # the next write plans no manifests
         report.rows_updated = int(is_existing.sum())
         report.rows_inserted = inserts.num_rows
         report.update_files = report.data_files_touched = update_files

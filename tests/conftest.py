@@ -157,3 +157,18 @@ def ray_cluster(tmp_path_factory):
     ray.data.DataContext.get_current().enable_progress_bars = False
     yield fault_dir
     ray.shutdown()
+
+
+@pytest.fixture
+def fresh_process():
+    """A callable that forgets every in-process cache of table files, as a new process starts."""
+    from featurelake import index, livefiles, manifest_cache, read, state
+
+    def forget() -> None:
+        index.clear_caches()
+        manifest_cache.clear()
+        read.clear_caches()
+        state.clear_caches()
+        livefiles._FILES_CACHE.clear()
+
+    return forget

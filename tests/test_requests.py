@@ -37,8 +37,10 @@ def test_each_operation_loads_the_table_once(lake):
     ops = [
         ("append", lambda: t.append(_rows(range(100)))),
         ("backfill", lambda: t.backfill(pa.table({"id": pa.array([1, 2], pa.int64()), "x": [2.0, 3.0]}))),
+        ("backfill again", lambda: t.backfill(pa.table({"id": pa.array([3], pa.int64()), "x": [4.0]}))),
         ("upsert", lambda: t.upsert(pa.table({"id": pa.array([1, 200], pa.int64()), "x": [2.0, 3.0]}))),
         ("read", lambda: t.read(columns=["x"])),
+        ("backfill after a read", lambda: t.backfill(pa.table({"id": pa.array([4], pa.int64()), "x": [5.0]}))),
         ("delete", lambda: t.delete("id < 5")),
         ("create_branch", lambda: t.create_branch("b")),
         ("append to branch", lambda: t.append(_rows(range(300, 310)), branch="b")),
@@ -54,8 +56,53 @@ def test_each_operation_loads_the_table_once(lake):
         with counting_catalog_calls(lake.catalog) as calls:
             op()
         loads[name] = calls["load_table"]
-    assert loads == {name: 1 for name, _ in ops}
+    # a backfill right after this object's own backfill or read starts from the metadata it holds
+    assert loads == {name: 0 if name in ("backfill again", "backfill after a read") else 1 for name, _ in ops}
     assert sorted(t.read()["id"].to_pylist()) == list(range(5, 100)) + [200] + list(range(300, 310))
+
+
+@both_backends
+def test_back_to_back_backfills_load_no_metadata_and_never_miss_another_writer(backend):
+    """A backfill starts from the metadata its table object already holds (its last read, or what its
+    own last backfill commit returned): no catalog load. When another writer has committed since (on the branch, on another branch, or
+    appending the very keys being set), the commit on that metadata is refused or what it found
+    there is not trusted, and it runs again on a fresh load: nothing lost, no stale error, and no
+    update file of a refused attempt left behind."""
+    lake = backend.lake
+    t = lake.create_table("ns.bb", SCHEMA, primary_key="id")
+    t.append(_rows(range(1000)))
+    other = lake.table("ns.bb")  # another writer (its own table object)
+    oracle = {i: 1.0 for i in range(1000)}
+
+    def backfill(table, ids, x: float) -> dict:
+        with counting_catalog_calls(lake.catalog) as calls:
+            table.backfill(pa.table({"id": pa.array(list(ids), pa.int64()), "x": np.full(len(ids), x)}))
+        oracle.update({i: x for i in ids})
+        return dict(calls)
+
+    assert backfill(t, range(0, 1000, 2), 2.0) == {"load_table": 1, "commit_table": 1}
+    assert backfill(t, range(1, 1000, 2), 3.0) == {"commit_table": 1}  # from the last commit's answer
+    ids = t.read(columns=["id"])["id"].to_pylist()  # the usual prelude: the keys to set, read from the table
+    assert backfill(t, ids[:1000:3], 3.5) == {"commit_table": 1}  # from the read's metadata
+    assert backfill(other, range(0, 10), 4.0)["commit_table"] == 1
+    # the branch moved: the commit on the cached metadata is refused, the retry loads
+    assert backfill(t, range(10, 20), 5.0) == {"commit_table": 2, "load_table": 1}
+    other.create_branch("dev")
+    other.append(_rows(range(5000, 5010)), branch="dev")  # another branch: a sequence number t has not seen
+    on_dev = dict(oracle) | {i: 1.0 for i in range(5000, 5010)}
+    assert backfill(t, range(20, 30), 6.0) == {"commit_table": 2, "load_table": 1}  # refused at once, never taken for a lost answer
+    other.append(_rows(range(1000, 1100)))  # keys t's cached metadata does not know: found on a fresh load
+    oracle.update({i: 1.0 for i in range(1000, 1100)})
+    assert backfill(t, range(1000, 1100), 7.0) == {"commit_table": 1, "load_table": 1}  # no commit of the stale finding
+    assert dict(zip(*t.read(columns=["id", "x"]).to_pydict().values())) == oracle
+    assert dict(zip(*other.read(columns=["id", "x"], branch="dev").to_pydict().values())) == on_dev
+    backfill(t, range(40, 50), 8.0)  # t's own commit again: the next one starts from its answer
+    other.soft_delete_column("x")  # a schema change, no snapshot: the branch head stays where t saw it
+    assert backfill(t, range(0, 5), 9.0) == {"commit_table": 2, "load_table": 1}  # "x" resolved on the old schema: refused
+    got = dict(zip(*t.read(columns=["id", "x"]).to_pydict().values()))
+    assert got == {i: 9.0 if i < 5 else None for i in oracle}  # a new column "x", as on a fresh load
+    unreferenced = lake.collect_garbage(older_than=timedelta(0), dry_run=True).files
+    assert not [f for f in unreferenced if "/_updates/" in str(f)], unreferenced
 
 
 def _probe(rng, keys: np.ndarray, n: int) -> pa.Table:
@@ -282,6 +329,40 @@ def test_each_operation_costs_at_most_twice_its_floor_on_s3(s3_lake, seaweed):
 
 
 @pytest.mark.slow
+def test_a_backfill_on_s3_costs_its_update_files_the_state_root_the_manifest_list_and_one_commit(s3_lake, seaweed, fresh_process):
+    """A one-column backfill of every row, counted by the server: one PUT per update file, one for
+    the platform state (its root holds the shards the commit changed: no separate pack) and one for
+    the manifest list, and one catalog commit (plus a load unless the table object holds current
+    metadata: it read the table, or made the last backfill) -- the floor (update files + a commit)
+    plus two or three. Nothing else: no HEAD before a PUT, no re-read of metadata this process has,
+    so a warm backfill makes no GET at all. A fresh process adds only what it lacks, one read each: the
+    manifest list, the manifest, the state root (with its shards) and the index segment."""
+    n = 20_000
+    t = s3_lake.create_table("ns.bf", EVENTS, primary_key="id", partition_by=["day(ts)"])
+    t.append(_events(np.arange(n), lambda i: i % DAYS))  # one data file per day
+    ids = np.arange(n, dtype=np.int64)
+    counts = {}
+    for run, value in (("first", 1.0), ("warm", 2.0), ("cold", 3.0)):
+        if run == "cold":
+            fresh_process()
+            t = s3_lake.table("ns.bf")  # a new table object too: no metadata held
+        values = pa.table({"id": ids, "z": np.full(n, value, np.float32)})
+        with seaweed.counting() as s3, counting_catalog_calls(s3_lake.catalog) as calls:
+            t.backfill(values)
+        assert t.last_update_report.update_files == DAYS
+        counts[run] = ({k: v for k, v in s3.items() if k != "total"}, dict(calls))
+        got = t.read(columns=["id", "z"]).sort_by("id")
+        assert got["id"].to_pylist() == ids.tolist() and set(got["z"].to_pylist()) == {value}
+    one_commit = {"load_table": 1, "commit_table": 1}
+    # after the read checking the first run, the metadata that read loaded is the base: the commit is the only catalog call
+    assert counts["warm"] == ({"PUT": DAYS + 2}, {"commit_table": 1}), counts  # was DAYS + 3 PUTs, a GET (a pack, the manifest) and a load
+    assert counts["first"] == ({"PUT": DAYS + 2, "GET_RANGE": 1}, one_commit), counts  # + the index segment, not cached yet
+    cold, calls = counts["cold"]
+    assert calls == one_commit and cold["PUT"] == DAYS + 2, counts
+    assert cold.get("GET", 0) + cold.get("GET_RANGE", 0) == 4 and set(cold) <= {"PUT", "GET", "GET_RANGE"}, counts
+
+
+@pytest.mark.slow
 def test_gc_on_s3_deletes_in_batches_exactly_the_unreferenced_files(s3_lake, seaweed):
     """GC deletes with DeleteObjects (one POST for up to 1,000 named keys, no per-file HEAD/DELETE/PUT):
     the bucket listed before and after with an independent client differs by exactly the report."""
@@ -357,25 +438,37 @@ def test_a_small_file_of_known_size_is_one_get_and_a_wrong_size_falls_back(seawe
 
 
 @both_backends
-def test_a_commit_writes_its_state_in_one_pack_and_older_packs_never_leak(backend):
-    """Every shard a commit changes goes into one file; a shard rewritten later is read from its
-    new pack only (the older pack still holds its stale rows), so no update is lost or resurrected."""
+@pytest.mark.parametrize("inline", [True, False], ids=["in-root", "separate-pack"])
+def test_a_commit_writes_its_state_in_one_pack_and_older_packs_never_leak(backend, inline, monkeypatch):
+    """Every shard a commit changes goes into one file: the state root itself (the whole state in
+    one PUT), or past ``state.INLINE_ENTRIES`` entries a separate pack beside it. A shard rewritten
+    later is read from its new file only (the older one still holds its stale rows), so no update
+    is lost or resurrected, also when read back from storage by a fresh process."""
+    from featurelake import state as state_module
+
+    if not inline:
+        monkeypatch.setattr(state_module, "INLINE_ENTRIES", 0)
     lake = backend.lake
     t = lake.create_table("ns.packs", SCHEMA, primary_key="id")
     for lo in range(0, 1200, 100):
         t.append(_rows(range(lo, lo + 100)))  # 12 data files: many shards
-    packs = lambda: {f for f in backend.files(".parquet") if "/_featurelake/shard-" in f}  # noqa: E731
-    before = packs()
+    state_files = lambda: {f for f in backend.files(".parquet") if "/_featurelake/" in f and "/index/" not in f}  # noqa: E731
+    per_commit = 1 if inline else 2  # the root (and the pack)
+    before = state_files()
     t.backfill(pa.table({"id": pa.array(range(0, 1200, 10), pa.int64()), "x": np.full(120, 2.0)}))
-    first = packs() - before
-    assert len(first) == 1  # 12 shards' worth of entries, one file
+    first = state_files() - before
+    assert len(first) == per_commit and sum("/shard-" in f for f in first) == per_commit - 1
     t.backfill(pa.table({"id": pa.array([0, 10], pa.int64()), "x": [3.0, 4.0]}))  # one data file's shard again
-    assert len(packs() - before - first) == 1
+    assert len(state_files() - before - first) == per_commit
+    state_module.clear_caches()  # what a fresh process reads from storage
     ice = t.refresh()
     state = t._state(ice, ice.current_snapshot())
     entries = state.by_data_file()
     assert len(entries) == 12 and state.update_files == 13
     assert sorted(len(es) for es in entries.values()) == [1] * 11 + [2]
+    files = {backend.name_of(p) for p in state.shards.values()}
+    assert files <= first | (state_files() - before - first)  # every shard names a file the two commits wrote
+    assert (backend.name_of(state.root_path) in files) == inline
     stored = {backend.name_of(f) for f in backend.files()}
     assert {backend.name_of(e.update_file) for es in entries.values() for e in es} <= stored  # each names a stored file
     got = dict(zip(*t.read(columns=["id", "x"]).to_pydict().values()))
