@@ -191,12 +191,13 @@ def open_local(path: str) -> pq.ParquetFile:
     st = os.stat(path)
     key = (path, st.st_size, st.st_mtime_ns)
     footer = _FOOTERS.get(key)
+    # an open file, not a path: a path makes pyarrow build a filesystem and stat the file again
     if footer is None:
-        pf = pq.ParquetFile(path, pre_buffer=False)
+        pf = pq.ParquetFile(pa.OSFile(path), pre_buffer=False)
         footer = Footer.of(pf.metadata, pf.schema_arrow)
         _FOOTERS.put(key, footer)
     else:
-        pf = pq.ParquetFile(path, metadata=footer.metadata, pre_buffer=False)
+        pf = pq.ParquetFile(pa.OSFile(path), metadata=footer.metadata, pre_buffer=False)
     pf.footer = footer
     return pf
 
