@@ -22,7 +22,7 @@ import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -253,19 +253,24 @@ class Scan:
             found = self._targets[key] = arrow_schema(requested, field_ids=False)
         return found
 
-    def _load_layers(self, entries: list[UpdateEntry]) -> list[tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]]:
-        """The update layers touching the projection, oldest first: (entry, positions, values).
+    def _start_layers(self, path: str) -> Callable[[], list[tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]]]:
+        """The update layers of data file ``path`` touching the projection, oldest first: a call that
+        returns them as (entry, positions, values).
 
-        On an object store the update files are fetched in parallel (each read waits on latency).
+        Locally they are loaded now (decoding is CPU work: other threads would only contend).
+        On an object store each update file is fetched on the process-wide layer pool from now
+        on, so that the fetches overlap each other and the caller's fetch of the data file itself
+        (each waits on latency, not on a core); the call waits for them.
         """
+        entries = self.state.entries_for(path) if not self.state.empty else []
         wanted = [e for e in entries if any(i in self.read_ids for i in e.field_ids)]
-        if len(wanted) > 1 and not isinstance(self._resolve(wanted[0].update_file)[0], pafs.LocalFileSystem):
-            with ThreadPoolExecutor(max_workers=min(len(wanted), REMOTE_THREADS)) as pool:
-                layers = list(pool.map(self._load_layer, wanted))
-        else:
+        self.report.update_files_read += len(wanted)
+        if not wanted or isinstance(self._resolve(wanted[0].update_file)[0], pafs.LocalFileSystem):
             layers = [self._load_layer(e) for e in wanted]
-        self.report.update_files_read += len(layers)
-        return layers
+            return lambda: layers
+        pool = readfiles.layer_pool(REMOTE_THREADS)
+        futures = [pool.submit(self._load_layer, e) for e in wanted]
+        return lambda: [f.result() for f in futures]
 
     def _load_layer(self, entry: UpdateEntry) -> tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]:
         ids = tuple(i for i in entry.field_ids if i in self.read_ids)
@@ -323,8 +328,7 @@ class Scan:
 
     def layers_for(self, path: str) -> list[tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]]:
         """The update layers of one data file that touch the projection (loaded now)."""
-        entries = self.state.entries_for(path) if not self.state.empty else []
-        return self._load_layers(entries) if entries else []
+        return self._start_layers(path)()
 
     def read_range(
         self, task: FileScanTask, start: int, stop: int, layers: list | None = None, batch_size: int | None = None
@@ -337,12 +341,13 @@ class Scan:
         ``layers`` (from :meth:`layers_for`) saves reloading them per range.
         """
         path = task.file.file_path
-        if layers is None:
-            layers = self.layers_for(path)
+        pending = self._start_layers(path) if layers is None else None
         pos = start
         for base, _, owned in self._read_columns(
             path, self.read_schema, batch_size=batch_size, rows=(start, stop), size=task.file.file_size_in_bytes
         ):
+            if pending is not None:  # fetched while the data file was
+                layers, pending = pending(), None
             n = base.num_rows
             merged = apply_layers(base, layers, pos, owned) if layers else base
             merged = _with_locator(merged, path, pos) if self.with_locator else merged.append_column(
@@ -360,11 +365,13 @@ class Scan:
     def read_file(self, task: FileScanTask, whole: bool = False) -> Iterator[pa.RecordBatch]:
         """Merged, filtered, projected batches of one data file (``whole``: read it in one go)."""
         path = task.file.file_path
-        layers = self.layers_for(path)
+        pending, layers = self._start_layers(path), None
         start = 0
         for base, _, owned in self._read_columns(
             path, self.read_schema, batch_size=0 if whole else None, size=task.file.file_size_in_bytes
         ):
+            if layers is None:  # on an object store, fetched while the data file was
+                layers = pending()
             n = base.num_rows
             merged = apply_layers(base, layers, start, owned) if layers else base
             if self.with_locator:

@@ -66,10 +66,26 @@ def reader_pool(workers: int) -> ThreadPoolExecutor | None:
         return pool
 
 
+_LAYER_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def layer_pool(workers: int) -> ThreadPoolExecutor:
+    """The process-wide pool fetching update files from an object store while their data file is fetched.
+
+    Its tasks never submit work to a pool, so any thread (a reader thread too) may wait on them.
+    """
+    with _POOL_LOCK:
+        pool = _LAYER_POOLS.get(workers)
+        if pool is None:
+            pool = _LAYER_POOLS[workers] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="featurelake-layers")
+        return pool
+
+
 def _forget_pools_after_fork() -> None:
     """A forked child (data-loader workers) has none of the parent's threads: it starts its own pools."""
     global _POOL_LOCK
     _POOLS.clear()
+    _LAYER_POOLS.clear()
     _POOL_LOCK = threading.Lock()
 
 

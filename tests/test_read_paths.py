@@ -156,6 +156,15 @@ def _typed(rng, typ: pa.DataType, n: int, null_rate: float) -> pa.Array:
 
 @pytest.mark.parametrize("seed", range(3))
 def test_stacked_dense_and_sparse_layers_read_like_an_oracle(tmp_path, seed):
+    _stacked_layers(Lake(tmp_path / "lake"), seed)
+
+
+def test_stacked_layers_on_an_object_store_read_like_an_oracle(s3_lake):
+    """The same on S3, where update files are fetched while their data file is."""
+    _stacked_layers(s3_lake, 7, files=2, per_file=200)
+
+
+def _stacked_layers(lake: Lake, seed: int, files: int = 3, per_file: int = 300) -> None:
     """Backfills of every kind stacked on three data files (nulls in the base and written by layers; dense
     under and over sparse; layers touching some of the projected columns; a column added by a sparse
     backfill, so its base is all null) read like a row-by-row oracle: whole, projected, a second time
@@ -164,10 +173,9 @@ def test_stacked_dense_and_sparse_layers_read_like_an_oracle(tmp_path, seed):
     from featurelake import readfiles
 
     rng = np.random.default_rng(seed)
-    files, per_file = 3, 300
     n = files * per_file
     schema = pa.schema([pa.field("id", pa.int64(), nullable=False)] + [pa.field(c, t) for c, t in _TYPES.items()])
-    t = Lake(tmp_path / "lake").create_table("ns.t", schema, primary_key="id", partition_by=[])
+    t = lake.create_table("ns.t", schema, primary_key="id", partition_by=[])
     expected: dict[str, list] = {"id": list(range(n))}
     for c, typ in _TYPES.items():
         expected[c] = _typed(rng, typ, n, 0.2).to_pylist()
