@@ -296,8 +296,9 @@ class Scan:
     def _decode_layer(self, entry: UpdateEntry, ids: tuple[int, ...]) -> tuple[np.ndarray | None, pa.RecordBatch]:
         """One update file's values of ``ids`` (one batch) and, unless dense, its row positions.
 
-        Update files are small: read in one go on this thread (handing their column chunks to
-        Arrow's pool costs more than decoding them), without the batching of data-file reads.
+        Read in one go, without the batching of data-file reads; on this thread unless the
+        projection is large (a dense layer of a big file): below a few MB handing column chunks
+        to Arrow's pool costs more than decoding them.
         """
         requested = self._layer_schemas.get(ids)
         if requested is None:
@@ -307,7 +308,7 @@ class Scan:
         pf = self._open(path, entry.bytes)
         projected, columns, extra = readfiles.projection(pf, frozenset(ids), () if entry.dense else (POS_FIELD_ID,))
         try:
-            table = pf.read(columns=columns + extra, use_threads=False)
+            table = pf.read(columns=columns + extra, use_threads=readfiles.projected_bytes(pf, columns + extra) > THREADED_READ_BYTES)
             if any(c.num_chunks != 1 for c in table.columns):
                 table = table.combine_chunks()
             batches = table.to_batches()
