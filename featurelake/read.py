@@ -22,7 +22,7 @@ import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -133,6 +133,15 @@ class Scan:
         self._targets: dict[tuple[int, ...], pa.Schema] = {}
         self._io_key = readfiles.io_key(self.io)
         self._layer_schemas: dict[tuple[int, ...], Schema] = {}
+        self._where: dict[str, tuple[pafs.FileSystem, str]] = {}
+
+    def _resolve(self, path: str) -> tuple[pafs.FileSystem, str]:
+        """(filesystem, path in it) of a data or update file, resolved once per scan (each costs a URL parse)."""
+        found = self._where.get(path)
+        if found is None:
+            _, fs, fs_path = storage_of(self.io).resolve(path)
+            found = self._where[path] = (fs, fs_path)
+        return found
 
     # ------------------------------------------------------------- planning
     def tasks(self) -> list[FileScanTask]:
@@ -174,7 +183,7 @@ class Scan:
         attempt = 0
         while True:
             try:
-                _, fs, fs_path = storage_of(self.io).resolve(path)
+                fs, fs_path = self._resolve(path)
                 if isinstance(fs, pafs.LocalFileSystem):
                     return readfiles.open_local(fs_path)
                 if size and size <= SMALL_OBJECT_BYTES:  # footer and columns in one GET, not two
@@ -201,8 +210,9 @@ class Scan:
     def _read_columns(
         self, path: str, requested: Schema, extra_ids: Sequence[int] = (), batch_size: int | None = None,
         rows: tuple[int, int] | None = None, size: int | None = None,
-    ) -> Iterator[tuple[pa.RecordBatch, pa.RecordBatch | None]]:
-        """Batches of ``requested`` (by field id, in current names), plus extra columns raw.
+    ) -> Iterator[tuple[pa.RecordBatch, pa.RecordBatch | None, frozenset[str]]]:
+        """Batches of ``requested`` (by field id, in current names), plus extra columns raw, plus the
+        names of the columns decoded for this read alone (see :func:`_conform_batch`).
 
         ``batch_size`` 0 reads the whole file in one go (for whole-table reads).
         ``rows`` = (start, stop) reads only that row range, decoding only the row
@@ -216,7 +226,7 @@ class Scan:
             lo, hi = rows if rows is not None else (0, pf.metadata.num_rows)
             step = batch_size or (hi - lo) or 1
             for start in range(lo, hi, step):
-                yield _empty_batch(target, min(step, hi - start)), None
+                yield _empty_batch(target, min(step, hi - start)), None, frozenset()
             return
         try:
             if rows is not None:
@@ -230,8 +240,8 @@ class Scan:
             else:
                 batches = pf.iter_batches(batch_size=batch_size or self.batch_size, columns=columns + extra, use_threads=True)
             for batch in batches:
-                converted = _conform_batch(batch, projected, requested, target) if columns else _empty_batch(target, batch.num_rows)
-                yield converted, batch.select(extra) if extra else None
+                converted, owned = _conform_batch(batch, projected, requested, target) if columns else (_empty_batch(target, batch.num_rows), frozenset())
+                yield converted, batch.select(extra) if extra else None, owned
         except (OSError, pa.ArrowInvalid) as e:
             raise CorruptFileError(f"file {path} is corrupt: {e}", path) from e
 
@@ -243,19 +253,24 @@ class Scan:
             found = self._targets[key] = arrow_schema(requested, field_ids=False)
         return found
 
-    def _load_layers(self, entries: list[UpdateEntry]) -> list[tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]]:
-        """The update layers touching the projection, oldest first: (entry, positions, values).
+    def _start_layers(self, path: str) -> Callable[[], list[tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]]]:
+        """The update layers of data file ``path`` touching the projection, oldest first: a call that
+        returns them as (entry, positions, values).
 
-        On an object store the update files are fetched in parallel (each read waits on latency).
+        Locally they are loaded now (decoding is CPU work: other threads would only contend).
+        On an object store each update file is fetched on the process-wide layer pool from now
+        on, so that the fetches overlap each other and the caller's fetch of the data file itself
+        (each waits on latency, not on a core); the call waits for them.
         """
+        entries = self.state.entries_for(path) if not self.state.empty else []
         wanted = [e for e in entries if any(i in self.read_ids for i in e.field_ids)]
-        if len(wanted) > 1 and not storage_of(self.io).is_local(wanted[0].update_file):
-            with ThreadPoolExecutor(max_workers=min(len(wanted), REMOTE_THREADS)) as pool:
-                layers = list(pool.map(self._load_layer, wanted))
-        else:
+        self.report.update_files_read += len(wanted)
+        if not wanted or isinstance(self._resolve(wanted[0].update_file)[0], pafs.LocalFileSystem):
             layers = [self._load_layer(e) for e in wanted]
-        self.report.update_files_read += len(layers)
-        return layers
+            return lambda: layers
+        pool = readfiles.layer_pool(REMOTE_THREADS)
+        futures = [pool.submit(self._load_layer, e) for e in wanted]
+        return lambda: [f.result() for f in futures]
 
     def _load_layer(self, entry: UpdateEntry) -> tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]:
         ids = tuple(i for i in entry.field_ids if i in self.read_ids)
@@ -264,12 +279,12 @@ class Scan:
         if found is not None:
             return entry, found[0], found[1]
         pos, batch = self._decode_layer(entry, ids)
-        readfiles.LAYERS.put(key, (pos, batch), batch.nbytes + (pos.nbytes if pos is not None else 0))
+        readfiles.LAYERS.put(key, (pos, batch), batch.get_total_buffer_size() + (pos.nbytes if pos is not None else 0))
         return entry, pos, batch
 
     def _layer_key(self, entry: UpdateEntry, ids: tuple[int, ...]) -> tuple:
         """What identifies a decoded layer: the update file (local: its size and mtime too) and the columns."""
-        _, fs, fs_path = storage_of(self.io).resolve(entry.update_file)
+        fs, fs_path = self._resolve(entry.update_file)
         if isinstance(fs, pafs.LocalFileSystem):
             try:
                 st = os.stat(fs_path)
@@ -279,26 +294,33 @@ class Scan:
         return (self._io_key, type(fs).__name__, fs_path, entry.bytes, ids, entry.dense)
 
     def _decode_layer(self, entry: UpdateEntry, ids: tuple[int, ...]) -> tuple[np.ndarray | None, pa.RecordBatch]:
+        """One update file's values of ``ids`` (one batch) and, unless dense, its row positions.
+
+        Read in one go, without the batching of data-file reads; on this thread unless the
+        projection is large (a dense layer of a big file): below a few MB handing column chunks
+        to Arrow's pool costs more than decoding them.
+        """
         requested = self._layer_schemas.get(ids)
         if requested is None:
             requested = self._layer_schemas[ids] = Schema(*[f for f in self.read_schema.fields if f.field_id in ids])
-        parts, positions = [], []
-        for values, extra in self._read_columns(
-            entry.update_file, requested, () if entry.dense else (POS_FIELD_ID,), batch_size=0, size=entry.bytes
-        ):
-            parts.append(values)
-            if extra is not None:
-                positions.append(extra.column(0).to_numpy(zero_copy_only=False))
-        if len(parts) == 1:
-            batch = parts[0]
-        else:
-            table = pa.Table.from_batches(parts, schema=parts[0].schema) if parts else pa.table({})
-            batch = table.combine_chunks().to_batches()[0] if table.num_rows else _empty_batch(self._target(requested), 0)
+        target = self._target(requested)
+        path = entry.update_file
+        pf = self._open(path, entry.bytes)
+        projected, columns, extra = readfiles.projection(pf, frozenset(ids), () if entry.dense else (POS_FIELD_ID,))
+        try:
+            table = pf.read(columns=columns + extra, use_threads=readfiles.projected_bytes(pf, columns + extra) > THREADED_READ_BYTES)
+            if any(c.num_chunks != 1 for c in table.columns):
+                table = table.combine_chunks()
+            batches = table.to_batches()
+            raw = batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
+            values = _conform_batch(raw, projected, requested, target)[0] if columns else _empty_batch(target, raw.num_rows)
+        except (OSError, pa.ArrowInvalid) as e:
+            raise CorruptFileError(f"file {path} is corrupt: {e}", path) from e
         if entry.dense:
-            pos = None
-        else:
-            pos = positions[0] if len(positions) == 1 else (np.concatenate(positions) if positions else np.empty(0, np.int64))
-        return pos, batch
+            return None, values
+        if not extra:
+            raise CorruptFileError(f"update file {path} has no row positions (_pos)", path)
+        return raw.column(extra[0]).to_numpy(zero_copy_only=False), values
 
     @property
     def _local(self) -> bool:
@@ -307,8 +329,7 @@ class Scan:
 
     def layers_for(self, path: str) -> list[tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]]:
         """The update layers of one data file that touch the projection (loaded now)."""
-        entries = self.state.entries_for(path) if not self.state.empty else []
-        return self._load_layers(entries) if entries else []
+        return self._start_layers(path)()
 
     def read_range(
         self, task: FileScanTask, start: int, stop: int, layers: list | None = None, batch_size: int | None = None
@@ -321,14 +342,15 @@ class Scan:
         ``layers`` (from :meth:`layers_for`) saves reloading them per range.
         """
         path = task.file.file_path
-        if layers is None:
-            layers = self.layers_for(path)
+        pending = self._start_layers(path) if layers is None else None
         pos = start
-        for base, _ in self._read_columns(
+        for base, _, owned in self._read_columns(
             path, self.read_schema, batch_size=batch_size, rows=(start, stop), size=task.file.file_size_in_bytes
         ):
+            if pending is not None:  # fetched while the data file was
+                layers, pending = pending(), None
             n = base.num_rows
-            merged = apply_layers(base, layers, pos) if layers else base
+            merged = apply_layers(base, layers, pos, owned) if layers else base
             merged = _with_locator(merged, path, pos) if self.with_locator else merged.append_column(
                 LOCATOR_POS, pa.array(np.arange(pos, pos + n, dtype=np.int64)))
             pos += n
@@ -344,13 +366,15 @@ class Scan:
     def read_file(self, task: FileScanTask, whole: bool = False) -> Iterator[pa.RecordBatch]:
         """Merged, filtered, projected batches of one data file (``whole``: read it in one go)."""
         path = task.file.file_path
-        layers = self.layers_for(path)
+        pending, layers = self._start_layers(path), None
         start = 0
-        for base, _ in self._read_columns(
+        for base, _, owned in self._read_columns(
             path, self.read_schema, batch_size=0 if whole else None, size=task.file.file_size_in_bytes
         ):
+            if layers is None:  # on an object store, fetched while the data file was
+                layers = pending()
             n = base.num_rows
-            merged = apply_layers(base, layers, start) if layers else base
+            merged = apply_layers(base, layers, start, owned) if layers else base
             if self.with_locator:
                 merged = _with_locator(merged, path, start)
             start += n
@@ -511,15 +535,19 @@ def _empty_batch(target: pa.Schema, rows: int) -> pa.RecordBatch:
     return pa.record_batch([pa.nulls(rows)], names=["_"]).select([])
 
 
-def _conform_batch(batch: pa.RecordBatch, file_schema: Schema, requested: Schema, target: pa.Schema) -> pa.RecordBatch:
+def _conform_batch(
+    batch: pa.RecordBatch, file_schema: Schema, requested: Schema, target: pa.Schema
+) -> tuple[pa.RecordBatch, frozenset[str]]:
     """A file's batch in the requested schema: columns matched by field id, renamed, cast.
 
     Top-level columns are matched and cast directly (pyiceberg's general
     conversion loses nulls of list<struct> values); nested schema evolution
     falls back to pyiceberg's conversion. ``target`` is ``requested`` in Arrow.
+    Also returns the names of the columns decoded from the file (cast or not):
+    their buffers belong to this read alone (columns of nulls may share one).
     """
     by_id = {f.field_id: f.name for f in file_schema.fields}
-    columns = []
+    columns, owned = [], []
     try:
         for field, arrow_field in zip(requested.fields, target):
             name = by_id.get(field.field_id)
@@ -528,10 +556,11 @@ def _conform_batch(batch: pa.RecordBatch, file_schema: Schema, requested: Schema
                 continue
             col = batch.column(name)
             columns.append(col if col.type.equals(arrow_field.type) else col.cast(arrow_field.type))
-        return pa.RecordBatch.from_arrays(columns, schema=target)
+            owned.append(arrow_field.name)
+        return pa.RecordBatch.from_arrays(columns, schema=target), frozenset(owned)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
         names = [f.name for f in file_schema.fields]
-        return _to_requested_schema(requested, file_schema, batch.select(names), downcast_ns_timestamp_to_us=True)
+        return _to_requested_schema(requested, file_schema, batch.select(names), downcast_ns_timestamp_to_us=True), frozenset()
 
 
 def _with_locator(batch: pa.RecordBatch, path: str, start: int) -> pa.RecordBatch:

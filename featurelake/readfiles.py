@@ -66,10 +66,26 @@ def reader_pool(workers: int) -> ThreadPoolExecutor | None:
         return pool
 
 
+_LAYER_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def layer_pool(workers: int) -> ThreadPoolExecutor:
+    """The process-wide pool fetching update files from an object store while their data file is fetched.
+
+    Its tasks never submit work to a pool, so any thread (a reader thread too) may wait on them.
+    """
+    with _POOL_LOCK:
+        pool = _LAYER_POOLS.get(workers)
+        if pool is None:
+            pool = _LAYER_POOLS[workers] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="featurelake-layers")
+        return pool
+
+
 def _forget_pools_after_fork() -> None:
     """A forked child (data-loader workers) has none of the parent's threads: it starts its own pools."""
     global _POOL_LOCK
     _POOLS.clear()
+    _LAYER_POOLS.clear()
     _POOL_LOCK = threading.Lock()
 
 
@@ -194,12 +210,13 @@ def open_local(path: str) -> pq.ParquetFile:
     st = os.stat(path)
     key = (path, st.st_size, st.st_mtime_ns)
     footer = _FOOTERS.get(key)
+    # an open file, not a path: a path makes pyarrow build a filesystem and stat the file again
     if footer is None:
-        pf = pq.ParquetFile(path, pre_buffer=False)
+        pf = pq.ParquetFile(pa.OSFile(path), pre_buffer=False)
         footer = Footer.of(pf.metadata, pf.schema_arrow)
         _FOOTERS.put(key, footer)
     else:
-        pf = pq.ParquetFile(path, metadata=footer.metadata, pre_buffer=False)
+        pf = pq.ParquetFile(pa.OSFile(path), metadata=footer.metadata, pre_buffer=False)
     pf.footer = footer
     return pf
 

@@ -15,6 +15,7 @@ immutable by design and a fragment keeps its footer (no HEAD per read).
 from __future__ import annotations
 
 import os
+from decimal import Decimal
 
 import numpy as np
 import pyarrow as pa
@@ -136,3 +137,125 @@ def test_a_compression_level_applies_to_the_compressed_columns_only(backend):
     got = t.read().sort_by("id")
     for name in data.column_names:
         assert got[name].to_pylist() == data[name].to_pylist(), name
+
+
+# ---------------------------------------------------------------- layers end to end, against an oracle
+_TYPES = {"f32": pa.float32(), "f64": pa.float64(), "i32": pa.int32(), "i64": pa.int64(), "ts": pa.timestamp("us"),
+          "day": pa.date32(), "dec": pa.decimal128(10, 2), "s": pa.string(), "flag": pa.bool_()}
+
+
+def _typed(rng, typ: pa.DataType, n: int, null_rate: float) -> pa.Array:
+    """``n`` random values of ``typ``, about ``null_rate`` of them null."""
+    ints = rng.integers(-1000, 1000, n)
+    mask = rng.random(n) < null_rate
+    if pa.types.is_string(typ):
+        return pa.array([f"v{v}" for v in ints], pa.string(), mask=mask)
+    if pa.types.is_boolean(typ):
+        return pa.array(ints > 0, mask=mask)
+    if pa.types.is_timestamp(typ):
+        return pa.array(ints * 1_000_000, pa.int64(), mask=mask).cast(typ)
+    if pa.types.is_date(typ):
+        return pa.array(ints + 18_000, pa.int32(), mask=mask).cast(typ)
+    if pa.types.is_decimal(typ):
+        return pa.array([Decimal(int(v)) / 4 for v in ints], typ, mask=mask)
+    return pa.array(ints, pa.int64(), mask=mask).cast(typ)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_stacked_dense_and_sparse_layers_read_like_an_oracle(tmp_path, seed):
+    _stacked_layers(Lake(tmp_path / "lake"), seed)
+
+
+def test_stacked_layers_on_an_object_store_read_like_an_oracle(s3_lake):
+    """The same on S3, where update files are fetched while their data file is."""
+    _stacked_layers(s3_lake, 7, files=2, per_file=200)
+
+
+def _stacked_layers(lake: Lake, seed: int, files: int = 3, per_file: int = 300) -> None:
+    """Backfills of every kind stacked on three data files (nulls in the base and written by layers; dense
+    under and over sparse; layers touching some of the projected columns; a column added by a sparse
+    backfill, so its base is all null) read like a row-by-row oracle: whole, projected, a second time
+    (decoded layers cached: an overlay written in place must not have touched them), with no decoded
+    layer kept, streamed, and by row ranges (batches that are slices of a decoded row group)."""
+    from featurelake import readfiles
+
+    rng = np.random.default_rng(seed)
+    n = files * per_file
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False)] + [pa.field(c, t) for c, t in _TYPES.items()])
+    t = lake.create_table("ns.t", schema, primary_key="id", partition_by=[])
+    expected: dict[str, list] = {"id": list(range(n))}
+    for c, typ in _TYPES.items():
+        expected[c] = _typed(rng, typ, n, 0.2).to_pylist()
+    for f in range(files):
+        lo, hi = f * per_file, (f + 1) * per_file
+        t.append(pa.table({c: pa.array(expected[c][lo:hi], schema.field(c).type) for c in schema.names}, schema=schema))
+
+    def backfill(columns: list[str], fraction: float, null_rate: float) -> None:
+        keys = np.arange(n) if fraction >= 1 else np.sort(rng.choice(n, size=int(n * fraction), replace=False))
+        keys = rng.permutation(keys)  # the input need not be in key order
+        data = {"id": pa.array(keys, pa.int64())}
+        for c in columns:
+            typ = _TYPES.get(c, pa.float32())
+            values = _typed(rng, typ, len(keys), null_rate)
+            data[c] = values
+            expected.setdefault(c, [None] * n)
+            for k, v in zip(keys.tolist(), values.to_pylist()):
+                expected[c][k] = v
+        t.backfill(pa.table(data))
+
+    def check() -> None:
+        names = list(expected)
+        projections = [names, ["id", "f32", "i64", "s"], ["f64", "id", "late"] if "late" in expected else ["f64", "id"]]
+        for cols in projections:
+            for how in ("first", "cached", "cold"):
+                if how == "cold":
+                    readfiles.LAYERS.clear()
+                got = t.read(columns=cols).sort_by("id")
+                for c in cols:
+                    assert got[c].to_pylist() == expected[c], (how, cols, c)
+                    assert got[c].validate(full=True) is None
+            streamed = pa.Table.from_batches(list(t.batches(columns=cols, batch_size=128))).sort_by("id")
+            for c in cols:
+                assert streamed[c].to_pylist() == expected[c], ("batches", c)
+        scan = t.scan(names)
+        for task in scan.tasks():
+            layers = scan.layers_for(task.file.file_path)
+            start, stop = sorted(int(v) for v in rng.integers(0, per_file + 1, 2))
+            for batch, positions, _ in scan.read_range(task, start, stop, layers=layers, batch_size=37):
+                ids = batch.column("id").to_pylist()
+                for c in names:
+                    assert batch.column(c).to_pylist() == [expected[c][i] for i in ids], ("read_range", c)
+
+    backfill(["f32", "s", "dec"], 1.0, 0.0)  # dense, no nulls
+    check()
+    backfill(list(_TYPES), 0.3, 0.3)  # sparse on every column, nulls written
+    backfill(["i64", "ts"], 0.5, 0.0)  # sparse, some of the projected columns
+    check()
+    backfill(["f64", "i32"], 1.0, 0.25)  # dense over sparse, with nulls
+    backfill(["f64", "f32", "day"], 0.2, 0.5)  # sparse over dense (the dense layer is cached: copied, never written)
+    backfill(["late"], 0.2, 0.1)  # a new column set for some rows: its base is all null
+    check()
+    backfill(["late", "flag"], 0.1, 0.0)
+    backfill(["late"], 1.0, 0.5)  # dense on top hides everything under it
+    check()
+
+
+def test_scatter_in_place_writes_only_its_rows_of_a_shared_buffer():
+    """An overlay written into a decoded buffer touches only its slice's rows; the validity bitmap it
+    rebuilds keeps the slice's offset; the layers' values are never written."""
+    from featurelake.overlay import scatter
+
+    whole = pa.array(np.arange(100, dtype=np.float64) * 2).cast(pa.float64())  # pool-allocated (a cast copy): mutable
+    assert whole.buffers()[1].is_mutable
+    before = whole.to_pylist()
+    part = whole.slice(40, 20)
+    piece = pa.array([1.5, None, 3.5])
+    frozen = piece.to_pylist()
+    got = scatter(part, [(np.array([0, 5, 19]), piece)], in_place=True)
+    want = before[40:60]
+    want[0], want[5], want[19] = 1.5, None, 3.5
+    assert got.to_pylist() == want and got.null_count == 1 and got.validate(full=True) is None
+    assert whole.slice(0, 40).to_pylist() == before[:40] and whole.slice(60).to_pylist() == before[60:]
+    assert piece.to_pylist() == frozen
+    copied = scatter(pa.array([1.0, 2.0, 3.0]), [(np.array([1]), pa.array([9.0]))])
+    assert copied.to_pylist() == [1.0, 9.0, 3.0]
