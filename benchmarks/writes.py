@@ -354,12 +354,12 @@ BREAKDOWN_COMMITS = 10
 # phase -> (file suffix, function, calling function or None): disjoint steps of one commit, timed by cProfile
 FEATURELAKE_PHASES = {
     "load table (catalog row, cached metadata parse)": ("featurelake/table.py", "refresh", None),
-    "input checks (conform, null and duplicate keys in the batch)": ("featurelake/table.py", "_prepare", None),
+    "input checks (conform, null and duplicate keys in the batch)": ("featurelake/appends.py", "prepare_rows", None),
     "data file write (Parquet)": ("featurelake/rewrite.py", "write_files", None),
     "scan order (plan the snapshot)": ("featurelake/dense.py", "scan_order", None),
     "update files write (Parquet)": ("featurelake/updates.py", "write_update_files", None),
     "schema change (new column)": ("featurelake/updates.py", "add_columns", None),
-    "keys already in the table (index probe)": ("featurelake/table.py", "_refuse_existing", None),
+    "keys already in the table (index probe)": ("featurelake/appends.py", "refuse_existing", None),
     "platform state read": ("featurelake/table.py", "_state", "attempt"),
     "live files of the parent": ("featurelake/livefiles.py", "snapshot_files", "attempt"),
     "index segment write": ("featurelake/index.py", "extend", None),

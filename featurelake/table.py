@@ -1,47 +1,38 @@
 """A sample table: the public face of one Iceberg table in the lake.
 
 ``Table`` validates input, then hands the work to the module that owns the
-concept (reading to ``read``, column updates to ``updates``, branches to
+concept (reading to ``read``, whole-row writes to ``appends``, column updates to ``updates``, branches to
 ``branches``, maintenance to ``maintenance``). Every write is one atomic
 Iceberg commit on one branch and returns its snapshot id.
 """
 from __future__ import annotations
 
-import itertools
-import uuid
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 
 from featurelake import refs
-from featurelake.commit import cleanup_on_failure, commit, optimistic, reuse_first
-from featurelake.errors import DuplicateKeyError, InvalidArgumentError, SchemaMismatchError
+from featurelake.appends import write_rows
+from featurelake.errors import InvalidArgumentError
 from featurelake.guard import storage_errors, track
 from featurelake.health import SMALL_FILE_BYTES, SMALL_FILE_PROPERTY
 from featurelake import index
-from featurelake.index import read_key_columns
-from featurelake.keys import check_keys, find, found_keys, verify_index
-from featurelake.livefiles import remember_files, snapshot_files
-from featurelake.datafiles import index_keys, schema_facts
-from featurelake.rewrite import Removal, plan_removal, write_files
+from featurelake.keys import verify_index
+from featurelake.livefiles import snapshot_files
 from featurelake.filters import parse_filter
 from featurelake.read import DEFAULT_BATCH, Scan
-from featurelake.schema import arrow_schema, conform, is_arrow_stream, to_table
-from featurelake.schema import LOCATOR_FILE
-from featurelake.state import STATE_KEY, PlatformState, StateWriter, state_of, summary_props
+from featurelake.schema import arrow_schema
+from featurelake.state import PlatformState, state_of, summary_props
 from featurelake.storage import platform_dir, storage_of
-from featurelake.threads import staged_uploads
 
 if TYPE_CHECKING:
     from featurelake.lake import Lake
 
 MAIN = refs.MAIN
-CHUNK_ROWS = 1_000_000
 
 
 class Table:
@@ -235,14 +226,6 @@ class Table:
         return stream
 
     # --------------------------------------------------------------- writing
-    def _prepare(self, data: Any, ice: IcebergTable) -> Iterator[pa.Table]:
-        """Input chunks, each conformed to the table schema and free of null or repeated keys."""
-        target = schema_facts(ice.metadata).arrow
-        for chunk in _chunks(data):
-            chunk = conform(chunk, target, keys=self.primary_key)
-            check_keys(chunk, self.primary_key)
-            yield chunk
-
     @storage_errors("append")
     def append(self, data: Any, branch: str = MAIN) -> int | None:
         """Append rows; refuse null keys and keys already in the batch or the branch.
@@ -251,7 +234,7 @@ class Table:
         iterable of batches (streamed: written in chunks, committed once).
         Returns the new snapshot id (the current head when ``data`` is empty).
         """
-        return self._write(data, branch, replace_filter=None)
+        return write_rows(self, data, branch, replace_filter=None)
 
     @storage_errors("overwrite")
     def overwrite(self, data: Any, filter: str | BooleanExpression, branch: str = MAIN) -> int | None:
@@ -259,75 +242,12 @@ class Table:
 
         Used to re-materialize a partition: running it twice never duplicates.
         """
-        return self._write(data, branch, replace_filter=parse_filter(filter))
+        return write_rows(self, data, branch, replace_filter=parse_filter(filter))
 
     @storage_errors("delete")
     def delete(self, filter: str | BooleanExpression, branch: str = MAIN) -> int | None:
         """Delete the rows matching ``filter`` (evaluated on merged values)."""
-        return self._write(None, branch, replace_filter=parse_filter(filter))
-
-    def _write(self, data: Any, branch: str, replace_filter: BooleanExpression | None) -> int | None:
-        ice = self.refresh()
-        refs.branch_head(ice.metadata, branch)  # unknown branch: fail before writing anything
-        keys = self.primary_key
-        write_uuid, counter = uuid.uuid4(), itertools.count(0)
-        files: list = []
-        written: list[str] = []  # every file this call wrote, for cleanup if it never lands
-        landed: list[int | None] = []
-        key_parts: list[pa.Table] = []
-        known_keys: dict[str, pa.Table] = {}  # files written here -> their keys in row order (indexed from memory)
-
-        def attempt(ice: IcebergTable) -> int | None:
-            head = refs.branch_head(ice.metadata, branch)
-            state = self._state(ice, head)
-            writer = StateWriter(state, ice.io, self._platform_dir(ice))
-            removal = Removal()
-            if replace_filter is not None and head is not None:
-                removal = plan_removal(self, ice, head, replace_filter, write_uuid, counter, writer)
-                written.extend(f.file_path for f in removal.added)
-            if all_keys is not None and all_keys.num_rows and head is not None:
-                self._refuse_existing(ice, head, all_keys, removal)
-            if not files and removal.empty:
-                return head.snapshot_id if head else None
-            added = [f.file_path for f in files + removal.added]
-            live_after = (set(snapshot_files(ice, head)) - {f.file_path for f in removal.removed}) | set(added)
-            index.extend(ice, writer, added, keys, live_after, known=known_keys)
-            tx = ice.transaction()
-            with staged_uploads() as pending:  # the state uploads while the manifests are written
-                root = state.root_path
-                if writer.changed:
-                    root, uploading = writer.start()
-                    pending.append(uploading)
-                props = self._state_props(ice, head, root)
-                props["featurelake.operation"] = "append" if replace_filter is None else ("overwrite" if files else "delete")
-                if removal.empty:
-                    with tx.update_snapshot(snapshot_properties=props, branch=branch).fast_append() as op:
-                        for f in files:
-                            op.append_data_file(f)
-                else:
-                    with tx.update_snapshot(snapshot_properties=props, branch=branch).overwrite() as op:
-                        for f in removal.removed:
-                            op.delete_data_file(f)
-                        for f in removal.added + files:
-                            op.append_data_file(f)
-            snapshot_id = commit(tx, branch)
-            landed.append(snapshot_id)
-            remember_files(ice, head, snapshot_id, files + removal.added, removal.removed)
-            return snapshot_id
-
-        with cleanup_on_failure(ice, written, landed=lambda: bool(landed)):
-            track(ice.io)  # loaded by this call above: record the data files written through it
-            if data is not None:
-                for chunk in self._prepare(data, ice):
-                    key_parts.append(chunk.select(keys))
-                    new = write_files(ice, chunk, write_uuid, counter)
-                    files.extend(w.data_file for w in new)
-                    written.extend(w.data_file.file_path for w in new)
-                    known_keys.update((path, k) for path, k in index_keys(new, keys) if k is not None)
-            all_keys = pa.concat_tables(key_parts) if key_parts else None
-            if len(key_parts) > 1:
-                check_keys(all_keys, keys)
-            return optimistic(reuse_first(ice, self.refresh), attempt, f"write to {self.name}@{branch}")
+        return write_rows(self, None, branch, replace_filter=parse_filter(filter))
 
     @storage_errors("backfill")
     def backfill(self, data: Any, branch: str = MAIN, on_unknown: str = "error") -> int | None:
@@ -516,27 +436,6 @@ class Table:
         """Check the key index against the data (``ok`` is True when it is right)."""
         return verify_index(self, branch, snapshot_id)
 
-    def _refuse_existing(self, ice: IcebergTable, head: Snapshot, key_table: pa.Table, removal: "Removal | None" = None) -> None:
-        """Raise DuplicateKeyError for keys already live at ``head`` (after ``removal``, if any)."""
-        keys = self.primary_key
-        hits = find(self, ice, head, key_table)
-        if removal is not None and not removal.empty:
-            gone = pa.array([f.file_path for f in removal.removed], pa.string())
-            hits = hits.filter(pc.invert(pc.is_in(hits.column(LOCATOR_FILE).cast(pa.string()), value_set=gone)))
-        found = found_keys(hits, key_table, keys)
-        if removal is not None and removal.added:
-            survivors = pa.concat_tables([read_key_columns(ice, f.file_path, keys) for f in removal.added])
-            probe = key_table.select(keys).cast(survivors.schema)
-            found = pa.concat_tables([found.cast(survivors.schema), probe.join(survivors, keys=keys, join_type="left semi")])
-        if found.num_rows:
-            shown = found.select(keys).slice(0, 5).to_pylist()
-            examples = [r[keys[0]] if len(keys) == 1 else tuple(r[k] for k in keys) for r in shown]
-            raise DuplicateKeyError(
-                f"{found.num_rows} key(s) already exist in {self.name}, e.g. {examples}; use upsert or backfill",
-                examples,
-                count=found.num_rows,
-            )
-
     # ---------------------------------------------------------- inspection
     @storage_errors("stats")
     def stats(self, branch: str = MAIN, snapshot_id: int | None = None) -> dict[str, Any]:
@@ -593,27 +492,3 @@ class Table:
                 }
             )
         return out
-
-
-def _chunks(data: Any, rows: int = CHUNK_ROWS) -> Iterator[pa.Table]:
-    """Input as tables of at most about ``rows`` rows."""
-    if isinstance(data, pa.RecordBatchReader):
-        data = iter(data)
-    elif is_arrow_stream(data):  # DuckDB results, Arrow streams of other libraries: streamed
-        data = iter(pa.RecordBatchReader.from_stream(data))
-    if isinstance(data, (pa.Table, pa.RecordBatch)) or type(data).__name__ == "DataFrame":
-        yield to_table(data)
-        return
-    if not isinstance(data, Iterable):
-        raise SchemaMismatchError(f"cannot append {type(data).__name__}: give a pyarrow Table, RecordBatch or DataFrame")
-    pending: list[pa.Table] = []
-    count = 0
-    for item in data:
-        t = to_table(item)
-        pending.append(t)
-        count += t.num_rows
-        if count >= rows:
-            yield pa.concat_tables(pending, promote_options="permissive")
-            pending, count = [], 0
-    if pending:
-        yield pa.concat_tables(pending, promote_options="permissive")

@@ -48,7 +48,8 @@ from featurelake.sequences.featurejoin import FeatureView
 from featurelake.sequences.lookup import DEFAULT_BATCH_KEYS, _as_array
 from featurelake.sequences.codecs import fixed_dtype, is_string
 from featurelake.sequences.table import SequenceTable, create_sequence_table
-from featurelake.table import MAIN, _chunks
+from featurelake.table import MAIN
+from featurelake.appends import input_chunks
 
 if TYPE_CHECKING:
     from featurelake.lake import Lake
@@ -177,7 +178,7 @@ class FeatureTable(SequenceTable):
         """Input chunks with embeddings checked (declared length, as lists) and cast to the stored list type."""
         dims = self.embeddings
         schema = self.schema
-        for chunk in _chunks(data):
+        for chunk in input_chunks(data):
             if isinstance(chunk, pa.RecordBatch):
                 chunk = pa.Table.from_batches([chunk])
             for col, dim in dims.items():

@@ -49,7 +49,8 @@ from featurelake.sequences.listview import HistoryCache, as_list, lookup_view
 from featurelake.sequences.lookup import DEFAULT_BATCH_KEYS, SequenceStore, _as_array
 from featurelake.sequences.store import READERS, KeyCodec
 from featurelake.guard import storage_errors
-from featurelake.table import MAIN, Table, _chunks
+from featurelake.table import MAIN, Table
+from featurelake.appends import input_chunks
 
 if TYPE_CHECKING:
     from featurelake.lake import Lake
@@ -234,7 +235,7 @@ class SequenceTable(Table):
 
     def _prepared_events(self, data: Any, base: int) -> Iterator[pa.Table]:
         key, time, eid = self.key, self.time, self.event_id
-        for chunk in _chunks(data):
+        for chunk in input_chunks(data):
             for col in (key, time):
                 if col not in chunk.column_names:
                     raise SchemaMismatchError(f"events need the {col!r} column", [col])
