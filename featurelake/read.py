@@ -22,7 +22,7 @@ import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from pyiceberg.expressions import AlwaysFalse, AlwaysTrue, BooleanExpression
 from pyiceberg.expressions.visitors import rewrite_not, translate_column_names
 from pyiceberg.io import FileIO
-from pyiceberg.io.pyarrow import _to_requested_schema, expression_to_pyarrow
+from pyiceberg.io.pyarrow import expression_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask
 from pyiceberg.table.snapshots import Snapshot
@@ -212,7 +212,7 @@ class Scan:
         rows: tuple[int, int] | None = None, size: int | None = None,
     ) -> Iterator[tuple[pa.RecordBatch, pa.RecordBatch | None, frozenset[str]]]:
         """Batches of ``requested`` (by field id, in current names), plus extra columns raw, plus the
-        names of the columns decoded for this read alone (see :func:`_conform_batch`).
+        names of the columns decoded for this read alone (see :func:`readfiles.conform_batch`).
 
         ``batch_size`` 0 reads the whole file in one go (for whole-table reads).
         ``rows`` = (start, stop) reads only that row range, decoding only the row
@@ -226,11 +226,11 @@ class Scan:
             lo, hi = rows if rows is not None else (0, pf.metadata.num_rows)
             step = batch_size or (hi - lo) or 1
             for start in range(lo, hi, step):
-                yield _empty_batch(target, min(step, hi - start)), None, frozenset()
+                yield readfiles.empty_batch(target, min(step, hi - start)), None, frozenset()
             return
         try:
             if rows is not None:
-                batches = _row_range(pf, rows, batch_size or self.batch_size, columns + extra)
+                batches = readfiles.row_range(pf, rows, batch_size or self.batch_size, columns + extra)
             elif batch_size == 0 or (batch_size is None and readfiles.projected_bytes(pf, columns + extra) <= WHOLE_FILE_BYTES):
                 # the whole file at once: Arrow decodes its column chunks in parallel, and one
                 # read of a small projection is twice as fast as iterating it batch by batch.
@@ -240,7 +240,7 @@ class Scan:
             else:
                 batches = pf.iter_batches(batch_size=batch_size or self.batch_size, columns=columns + extra, use_threads=True)
             for batch in batches:
-                converted, owned = _conform_batch(batch, projected, requested, target) if columns else (_empty_batch(target, batch.num_rows), frozenset())
+                converted, owned = readfiles.conform_batch(batch, projected, requested, target) if columns else (readfiles.empty_batch(target, batch.num_rows), frozenset())
                 yield converted, batch.select(extra) if extra else None, owned
         except (OSError, pa.ArrowInvalid) as e:
             raise CorruptFileError(f"file {path} is corrupt: {e}", path) from e
@@ -313,7 +313,7 @@ class Scan:
                 table = table.combine_chunks()
             batches = table.to_batches()
             raw = batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
-            values = _conform_batch(raw, projected, requested, target)[0] if columns else _empty_batch(target, raw.num_rows)
+            values = readfiles.conform_batch(raw, projected, requested, target)[0] if columns else readfiles.empty_batch(target, raw.num_rows)
         except (OSError, pa.ArrowInvalid) as e:
             raise CorruptFileError(f"file {path} is corrupt: {e}", path) from e
         if entry.dense:
@@ -493,74 +493,6 @@ def clear_caches() -> None:
     _PLANS.items.clear()
     _SCHEMAS.items.clear()
     readfiles.clear_caches()
-
-
-def _row_range(pf: pq.ParquetFile, rows: tuple[int, int], batch_size: int, columns: list[str]) -> Iterator[pa.RecordBatch]:
-    """Batches of rows [start, stop) of a Parquet file: only the overlapping row groups are decoded.
-
-    When those groups hold at most ``batch_size`` rows they are read in one call (decoded
-    faster than the same rows through ``iter_batches``: no streaming reader), else streamed.
-    """
-    start, stop = rows
-    groups, first, end = [], 0, 0
-    for i in range(pf.metadata.num_row_groups):
-        n = pf.metadata.row_group(i).num_rows
-        if end < stop and end + n > start:
-            if not groups:
-                first = end
-            groups.append(i)
-        end += n
-        if end >= stop:
-            break
-    if not groups:
-        return
-    if end - first <= batch_size:
-        batches: Iterable[pa.RecordBatch] = pf.read_row_groups(groups, columns=columns, use_threads=True).to_batches()
-    else:
-        batches = pf.iter_batches(batch_size=batch_size, row_groups=groups, columns=columns, use_threads=True)
-    pos = first
-    for batch in batches:
-        lo, hi = max(start, pos), min(stop, pos + batch.num_rows)
-        if hi > lo:
-            yield batch.slice(lo - pos, hi - lo)
-        pos += batch.num_rows
-        if pos >= stop:
-            return
-
-
-def _empty_batch(target: pa.Schema, rows: int) -> pa.RecordBatch:
-    """``rows`` rows of nulls in ``target`` (zero columns when the schema is empty)."""
-    if len(target):
-        return pa.RecordBatch.from_arrays([pa.nulls(rows, f.type) for f in target], schema=target)
-    return pa.record_batch([pa.nulls(rows)], names=["_"]).select([])
-
-
-def _conform_batch(
-    batch: pa.RecordBatch, file_schema: Schema, requested: Schema, target: pa.Schema
-) -> tuple[pa.RecordBatch, frozenset[str]]:
-    """A file's batch in the requested schema: columns matched by field id, renamed, cast.
-
-    Top-level columns are matched and cast directly (pyiceberg's general
-    conversion loses nulls of list<struct> values); nested schema evolution
-    falls back to pyiceberg's conversion. ``target`` is ``requested`` in Arrow.
-    Also returns the names of the columns decoded from the file (cast or not):
-    their buffers belong to this read alone (columns of nulls may share one).
-    """
-    by_id = {f.field_id: f.name for f in file_schema.fields}
-    columns, owned = [], []
-    try:
-        for field, arrow_field in zip(requested.fields, target):
-            name = by_id.get(field.field_id)
-            if name is None:
-                columns.append(pa.nulls(batch.num_rows, arrow_field.type))
-                continue
-            col = batch.column(name)
-            columns.append(col if col.type.equals(arrow_field.type) else col.cast(arrow_field.type))
-            owned.append(arrow_field.name)
-        return pa.RecordBatch.from_arrays(columns, schema=target), frozenset(owned)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-        names = [f.name for f in file_schema.fields]
-        return _to_requested_schema(requested, file_schema, batch.select(names), downcast_ns_timestamp_to_us=True), frozenset()
 
 
 def _with_locator(batch: pa.RecordBatch, path: str, start: int) -> pa.RecordBatch:

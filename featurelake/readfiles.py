@@ -10,7 +10,9 @@ names), so what the reader derives from a file is kept for the process:
 * the projection of its schema onto a read's field ids (shared by files of one writer);
 * its decoded update-layer values, under a byte budget (FEATURELAKE_LAYER_CACHE_MB).
 
-Reader threads live in process-wide pools (see :func:`reader_pool`).
+Reader threads live in process-wide pools (see :func:`reader_pool`). A file's batches are
+decoded here too: a row range of it (:func:`row_range`) and its columns matched to a read's
+schema by field id (:func:`conform_batch`).
 """
 from __future__ import annotations
 
@@ -19,14 +21,14 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
-from pyiceberg.io.pyarrow import pyarrow_to_schema
+from pyiceberg.io.pyarrow import _to_requested_schema, pyarrow_to_schema
 from pyiceberg.schema import Schema, prune_columns
 
 from featurelake.lru import LRU
@@ -259,3 +261,72 @@ def projected_bytes(pf: "pq.ParquetFile | RemoteParquet", columns: list[str]) ->
     """Decoded size of ``columns`` (top-level names) in a Parquet file, from its footer."""
     sizes = pf.footer.column_bytes
     return sum(sizes.get(c, 0) for c in columns)
+
+
+# ------------------------------------------------------- decoding a file's batches
+def row_range(pf: pq.ParquetFile, rows: tuple[int, int], batch_size: int, columns: list[str]) -> Iterator[pa.RecordBatch]:
+    """Batches of rows [start, stop) of a Parquet file: only the overlapping row groups are decoded.
+
+    When those groups hold at most ``batch_size`` rows they are read in one call (decoded
+    faster than the same rows through ``iter_batches``: no streaming reader), else streamed.
+    """
+    start, stop = rows
+    groups, first, end = [], 0, 0
+    for i in range(pf.metadata.num_row_groups):
+        n = pf.metadata.row_group(i).num_rows
+        if end < stop and end + n > start:
+            if not groups:
+                first = end
+            groups.append(i)
+        end += n
+        if end >= stop:
+            break
+    if not groups:
+        return
+    if end - first <= batch_size:
+        batches: Iterable[pa.RecordBatch] = pf.read_row_groups(groups, columns=columns, use_threads=True).to_batches()
+    else:
+        batches = pf.iter_batches(batch_size=batch_size, row_groups=groups, columns=columns, use_threads=True)
+    pos = first
+    for batch in batches:
+        lo, hi = max(start, pos), min(stop, pos + batch.num_rows)
+        if hi > lo:
+            yield batch.slice(lo - pos, hi - lo)
+        pos += batch.num_rows
+        if pos >= stop:
+            return
+
+
+def empty_batch(target: pa.Schema, rows: int) -> pa.RecordBatch:
+    """``rows`` rows of nulls in ``target`` (zero columns when the schema is empty)."""
+    if len(target):
+        return pa.RecordBatch.from_arrays([pa.nulls(rows, f.type) for f in target], schema=target)
+    return pa.record_batch([pa.nulls(rows)], names=["_"]).select([])
+
+
+def conform_batch(
+    batch: pa.RecordBatch, file_schema: Schema, requested: Schema, target: pa.Schema
+) -> tuple[pa.RecordBatch, frozenset[str]]:
+    """A file's batch in the requested schema: columns matched by field id, renamed, cast.
+
+    Top-level columns are matched and cast directly (pyiceberg's general
+    conversion loses nulls of list<struct> values); nested schema evolution
+    falls back to pyiceberg's conversion. ``target`` is ``requested`` in Arrow.
+    Also returns the names of the columns decoded from the file (cast or not):
+    their buffers belong to this read alone (columns of nulls may share one).
+    """
+    by_id = {f.field_id: f.name for f in file_schema.fields}
+    columns, owned = [], []
+    try:
+        for field, arrow_field in zip(requested.fields, target):
+            name = by_id.get(field.field_id)
+            if name is None:
+                columns.append(pa.nulls(batch.num_rows, arrow_field.type))
+                continue
+            col = batch.column(name)
+            columns.append(col if col.type.equals(arrow_field.type) else col.cast(arrow_field.type))
+            owned.append(arrow_field.name)
+        return pa.RecordBatch.from_arrays(columns, schema=target), frozenset(owned)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        names = [f.name for f in file_schema.fields]
+        return _to_requested_schema(requested, file_schema, batch.select(names), downcast_ns_timestamp_to_us=True), frozenset()

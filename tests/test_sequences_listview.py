@@ -20,7 +20,7 @@ import pytest
 from backends import both_backends
 from featurelake.errors import FeatureLakeError
 from featurelake.sequences import as_list, lookup_view
-from featurelake.sequences.lookup import _as_array
+from featurelake.sequences.arguments import as_array
 from test_sequences import T0, events_with_ties, make_events, oracle, random_rows
 
 BUILDS = [
@@ -48,7 +48,7 @@ def test_list_view_lookup_equals_list_and_oracle(lake, chunk_events, codecs, gro
     stored = st.read()
     store = st.open_store()
     keys, befores = _rows(np.random.default_rng(chunk_events), 400, 30)
-    k = _as_array(pa.array(keys, pa.int64()), store.key_type)
+    k = as_array(pa.array(keys, pa.int64()), store.key_type)
     b = pa.array(befores, pa.timestamp("us"))
     for cols in (["item_id", "event_type"], ["ts", "dwell", "tags", "event_type"], ["tags"]):
         for max_len, window in CASES:

@@ -39,7 +39,8 @@ from featurelake.sequences.join import (
     join_sequences_batches,
     pipelined,
 )
-from featurelake.sequences.lookup import SequenceStore, _as_array
+from featurelake.sequences.arguments import as_array
+from featurelake.sequences.lookup import SequenceStore
 
 
 class FeatureView:
@@ -109,7 +110,7 @@ class FeatureView:
         if isinstance(times, pa.ChunkedArray):
             times = times.combine_chunks()
         n = len(keys)
-        found, stats = self.store.lookup_stats(_as_array(keys, self.store.key_type), times, self.columns, 1, None,
+        found, stats = self.store.lookup_stats(as_array(keys, self.store.key_type), times, self.columns, 1, None,
                                                self.threads, self.batch_keys)
         with self._stats_lock:  # the background join workers share the view
             for k, v in stats.items():

@@ -45,7 +45,8 @@ from featurelake.errors import FeatureLakeError, SchemaMismatchError, TableNotFo
 from featurelake.sequences.build import build_store
 from featurelake.sequences.buildinfo import DEFAULT_THREADS, BuildInfo, SequenceBuildError
 from featurelake.sequences.featurejoin import FeatureView
-from featurelake.sequences.lookup import DEFAULT_BATCH_KEYS, _as_array
+from featurelake.sequences.arguments import as_array
+from featurelake.sequences.lookup import DEFAULT_BATCH_KEYS
 from featurelake.sequences.codecs import fixed_dtype, is_string
 from featurelake.sequences.table import SequenceTable, create_sequence_table
 from featurelake.table import MAIN
@@ -305,7 +306,7 @@ class FeatureTable(SequenceTable):
         view = self.view(columns, None, None, branch, snapshot_id, build, threads)
         if as_of is not None and not self.versioned:
             raise FeatureLakeError(f"{self.name} has no version time (created with time=None): as_of cannot apply")
-        cols = view.join(_as_array(keys, view.store.key_type), as_of)
+        cols = view.join(as_array(keys, view.store.key_type), as_of)
         self.last_lookup_stats = dict(view.stats)
         return pa.table(cols, schema=pa.schema([view.field(c) for c in view.columns]))
 

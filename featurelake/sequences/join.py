@@ -14,7 +14,8 @@ import pyarrow as pa
 
 from featurelake.errors import FeatureLakeError, SchemaMismatchError
 from featurelake.sequences.listview import LAYOUTS, HistoryCache, lookup_view, view_type
-from featurelake.sequences.lookup import SequenceStore, _as_array, _window_int
+from featurelake.sequences.arguments import as_array, window_int
+from featurelake.sequences.lookup import SequenceStore
 
 JOIN_SLICE_ROWS = 65_536
 JOIN_WORKERS = 2   # batches joined at once in the background (lookups release the GIL in RocksDB and numpy)
@@ -42,7 +43,7 @@ class SequenceView:
         self.cache_bytes = cache_bytes
         self.cache = None if cache_bytes is None else HistoryCache(store, columns, cache_bytes)
         self.type = store.output_type(columns) if layout == "list" else view_type(store, columns)
-        _window_int(window, store.time_type)  # fail now, not at the first batch
+        window_int(window, store.time_type)  # fail now, not at the first batch
         self.stats: dict[str, int] = {}
         self._stats_lock = threading.Lock()
 
@@ -56,7 +57,7 @@ class SequenceView:
             keys = keys.combine_chunks()
         if isinstance(times, pa.ChunkedArray):
             times = times.combine_chunks()
-        keys = _as_array(keys, self.store.key_type)
+        keys = as_array(keys, self.store.key_type)
         if self.cache is not None:
             out, stats = self.cache.join(keys, times, self.max_len, self.window, self.threads, self.batch_keys)
         elif self.layout == "list_view":

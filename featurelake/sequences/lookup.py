@@ -9,13 +9,11 @@ bounds fall in, in one more round: :class:`featurelake.sequences.heads.Heads`), 
 chunks that can hold the last ``max_len`` events before each row's time
 (inside ``window``), fetches them with batched multi-gets on a shared thread
 pool, decodes them per column group and cuts each row's list out of one
-pool with a single ``take`` per column. The helpers below turn user keys,
-``before`` times and windows into the store's integer forms, rounding so
-that an event at or after a row's time never slips in.
+pool with a single ``take`` per column. User keys, ``before`` times and
+windows come in the store's forms from :mod:`featurelake.sequences.arguments`.
 """
 from __future__ import annotations
 
-import datetime as _dt
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from itertools import chain
@@ -26,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from featurelake.errors import CorruptFileError, FeatureLakeError, SchemaMismatchError
+from featurelake.sequences.arguments import before_ints, parse_key_type, window_int
 from featurelake.sequences.buildinfo import BUILD_FORMAT, DEFAULT_THREADS, READ_FORMATS, BuildInfo, SequenceBuildError
 from featurelake.sequences.layout import _int_times
 from featurelake.sequences.codecs import FixedCodec
@@ -60,7 +59,7 @@ class SequenceStore:
         self.codecs = info.codecs()
         self.time = info.time
         self.time_type = self.schemas[0].field(info.time).type
-        self.key_type = _parse_type(info.key_type)
+        self.key_type = parse_key_type(info.key_type)
         self.codec = KeyCodec.for_type(self.key_type)
         self.chunk_events = int(info.chunk_events)
         self.group_of: dict[str, int] = {info.time: 0}
@@ -197,8 +196,8 @@ class SequenceStore:
         if max_len is not None and (isinstance(max_len, bool) or int(max_len) < 0):
             raise FeatureLakeError(f"max_len must be a non-negative int or None, not {max_len!r}")
         n = len(keys)
-        b, b_valid = _before_ints(before, n, self.time_type)
-        w = _window_int(window, self.time_type)
+        b, b_valid = before_ints(before, n, self.time_type)
+        w = window_int(window, self.time_type)
         if w is not None and b is None:
             raise FeatureLakeError("a window counts back from `before`: give before= too")
         if not keys.null_count and (b_valid is None or b_valid.all()):
@@ -500,100 +499,3 @@ def _pool(threads: int) -> ThreadPoolExecutor:
         if pool is None:
             pool = _POOLS[threads] = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="featurelake-seq")
         return pool
-
-
-# ---------------------------------------------------------------- time values
-_UNIT_NS = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
-
-
-def _parse_type(text: str) -> pa.DataType:
-    simple = {"int8": pa.int8(), "int16": pa.int16(), "int32": pa.int32(), "int64": pa.int64(), "uint8": pa.uint8(),
-              "uint16": pa.uint16(), "uint32": pa.uint32(), "uint64": pa.uint64(), "string": pa.string(),
-              "large_string": pa.large_string()}
-    if text in simple:
-        return simple[text]
-    raise FeatureLakeError(f"unsupported sequence key type {text}")
-
-
-def _as_array(values: Any, t: pa.DataType) -> pa.Array:
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks()
-    if not isinstance(values, pa.Array):
-        values = pa.array(np.asarray(values) if isinstance(values, np.ndarray) else list(values))
-    if pa.types.is_integer(t) and pa.types.is_integer(values.type):
-        return values.cast(pa.int64())
-    if pa.types.is_null(values.type):
-        return pa.nulls(len(values), pa.int64() if pa.types.is_integer(t) else pa.string())
-    try:
-        return values.cast(pa.int64() if pa.types.is_integer(t) else pa.string())
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-        raise SchemaMismatchError(f"keys of type {values.type} do not fit the sequence key type {t}: {e}") from e
-
-
-def _times_to_int(arr: pa.Array, target: pa.DataType) -> tuple[np.ndarray, np.ndarray]:
-    """Times as int64 in the target's unit, rounding up (no event at or after the time slips in)."""
-    valid = (np.ones(len(arr), bool) if not arr.null_count
-             else np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool))
-    if pa.types.is_timestamp(target):
-        if pa.types.is_date(arr.type):
-            arr = arr.cast(pa.timestamp("s"))
-        if pa.types.is_integer(arr.type):  # raw values in the sequence time's unit
-            arr = arr.cast(pa.int64()).cast(target)
-        if not pa.types.is_timestamp(arr.type):
-            raise SchemaMismatchError(f"times of type {arr.type} cannot bound a {target} sequence time")
-        raw = arr.cast(pa.int64())
-        raw = (raw.fill_null(0) if raw.null_count else raw).to_numpy(zero_copy_only=False)
-        src, dst = _UNIT_NS[arr.type.unit], _UNIT_NS[target.unit]
-        if src > dst:
-            raw = raw * (src // dst)
-        elif src < dst:
-            f = dst // src
-            raw = -((-raw) // f)  # ceil: t < before  <=>  t < ceil(before) for whole target units
-        return raw.astype(np.int64), valid
-    if not pa.types.is_integer(arr.type):
-        raise SchemaMismatchError(f"times of type {arr.type} cannot bound an integer sequence time")
-    return arr.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64), valid
-
-
-def _before_ints(before: Any, n: int, target: pa.DataType) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """``before`` (None, one time, or one per key) as int64 in the sequence time's unit, plus validity."""
-    if before is None:
-        return None, None
-    if isinstance(before, pa.ChunkedArray):
-        before = before.combine_chunks()
-    if isinstance(before, pa.Array):
-        arr = before
-    elif isinstance(before, np.ndarray) and before.ndim == 1:
-        arr = pa.array(before)
-    elif isinstance(before, (list, tuple)):
-        arr = pa.array([_dt.datetime.fromisoformat(v) if isinstance(v, str) else v for v in before])
-    else:
-        value = before.as_py() if isinstance(before, pa.Scalar) else before
-        if isinstance(value, str):
-            value = _dt.datetime.fromisoformat(value)
-        if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-            arr = pa.array([int(value)], type=target if pa.types.is_timestamp(target) else pa.int64())
-        else:
-            arr = pa.array([value])
-        ints, valid = _times_to_int(arr, target)
-        return np.full(n, ints[0], np.int64), np.full(n, bool(valid[0]))
-    if len(arr) != n:
-        raise FeatureLakeError(f"before has {len(arr)} values for {n} keys")
-    return _times_to_int(arr, target)
-
-
-def _window_int(window: Any, target: pa.DataType) -> int | None:
-    if window is None:
-        return None
-    if isinstance(window, _dt.timedelta):
-        if not pa.types.is_timestamp(target):
-            raise FeatureLakeError("a timedelta window needs a timestamp sequence time; give an int for integer times")
-        us = window // _dt.timedelta(microseconds=1)
-        w = us * 1000 // _UNIT_NS[target.unit]
-    elif isinstance(window, np.timedelta64):
-        return _window_int(window.astype("timedelta64[us]").item(), target)
-    else:
-        w = int(window)
-    if w < 0:
-        raise FeatureLakeError(f"window must not be negative, got {window!r}")
-    return int(w)

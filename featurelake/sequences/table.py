@@ -46,7 +46,8 @@ from featurelake.sequences.join import (  # noqa: F401  (public here as before)
     join_sequences_batches,
 )
 from featurelake.sequences.listview import HistoryCache, as_list, lookup_view
-from featurelake.sequences.lookup import DEFAULT_BATCH_KEYS, SequenceStore, _as_array
+from featurelake.sequences.arguments import as_array
+from featurelake.sequences.lookup import DEFAULT_BATCH_KEYS, SequenceStore
 from featurelake.sequences.store import READERS, KeyCodec
 from featurelake.guard import storage_errors
 from featurelake.table import MAIN, Table
@@ -374,7 +375,7 @@ class SequenceTable(Table):
         ``last_lookup_stats``.
         """
         store = self.open_store(branch, snapshot_id, build)
-        keys = _as_array(keys, store.key_type)
+        keys = as_array(keys, store.key_type)
         out, stats = store.lookup_stats(keys, before, columns, max_len, window, threads=threads)
         self.last_lookup_stats = stats
         return out
