@@ -489,6 +489,10 @@ def apply_column_updates(
     if given_keys:
         key_schema = arrow_schema(table._ice.schema(), field_ids=False)
         data = conform_keys(data, [key_schema.field(k) for k in given_keys])
+        for k in given_keys:  # one chunk: the key checks and the index read it as numpy without copying it again
+            i = data.column_names.index(k)
+            if data.column(i).num_chunks > 1:
+                data = data.set_column(i, data.schema.field(i), pa.chunked_array([data.column(i).combine_chunks()]))
     if not by_locator:
         check_keys(data, keys)
     elif given_keys and len(given_keys) < len(keys):
