@@ -352,9 +352,7 @@ def encode_update_file(ice: IcebergTable, values: pa.Table, target: pa.Schema, p
 
 def upload_update_file(ice: IcebergTable, path: str, data: pa.Buffer) -> int:
     """Store an encoded update file as the new file ``path``; returns its size."""
-    with storage_of(ice.io).write_new(path) as out:
-        out.write(data)
-        return out.tell()
+    return storage_of(ice.io).write_bytes(path, data)
 
 
 def write_update_file(ice: IcebergTable, path: str, values: pa.Table, target: pa.Schema, positions: pa.Array | None) -> int:
