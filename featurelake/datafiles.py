@@ -42,7 +42,7 @@ from pyiceberg.typedef import Record
 from pyiceberg.utils.properties import property_as_int
 
 from featurelake.lru import LRU
-from featurelake.storage import storage_of
+from featurelake.storage import SINGLE_PUT_BYTES, storage_of
 from featurelake.threads import run_all
 from featurelake.writer_settings import WriterSettings, column_encodings
 
@@ -329,13 +329,16 @@ def _leaf_paths(schema: pa.Schema) -> list[tuple[str, str]]:
 def _write_file(
     meta: TableMetadata, io: FileIO, path: str, table: pa.Table, key: PartitionKey | None, settings: _Settings, facts: SchemaFacts
 ) -> DataFile:
-    with storage_of(io).write_new(path) as out:
-        writer = pq.ParquetWriter(out, table.schema, **settings.kwargs)
-        try:
-            writer.write_table(table, row_group_size=settings.row_group_rows)
-        finally:
-            writer.close()
-        size = out.tell()
+    storage = storage_of(io)
+    if table.nbytes <= SINGLE_PUT_BYTES and storage.is_object_store(path):
+        # encoded in memory (at most about the rows' own size), then stored in one PUT, not a multipart upload
+        sink = pa.BufferOutputStream()
+        writer = _encode(sink, table, settings)
+        size = storage.write_bytes(path, sink.getvalue())
+    else:
+        with storage.write_new(path) as out:
+            writer = _encode(out, table, settings)
+            size = out.tell()
     statistics = data_file_statistics_from_parquet_metadata(
         parquet_metadata=writer.writer.metadata, stats_columns=facts.stats_plan, parquet_column_mapping=facts.id_mapping
     )
@@ -353,6 +356,16 @@ def _write_file(
     )
     data_file.spec_id = meta.default_spec_id  # not a stored field: set as a manifest read sets it
     return data_file
+
+
+def _encode(out: pa.NativeFile, table: pa.Table, settings: _Settings) -> pq.ParquetWriter:
+    """Write ``table`` as Parquet to ``out``; returns the closed writer (its metadata gives the statistics)."""
+    writer = pq.ParquetWriter(out, table.schema, **settings.kwargs)
+    try:
+        writer.write_table(table, row_group_size=settings.row_group_rows)
+    finally:
+        writer.close()
+    return writer
 
 
 def index_keys(written: Sequence[WrittenFile], key_columns: Sequence[str]) -> list[tuple[str, pa.Table | None]]:

@@ -182,6 +182,11 @@ class _Segment:
                 self.lo = np.array(lo, np.int64)
                 self.hi = np.array(hi, np.int64)
             self.files: list[str] = json.loads(meta[b"files"])
+            self.runs: list[list[int]] | None = json.loads(meta[b"runs"]) if b"runs" in meta else None
+            if self.runs is not None and len(self.runs) != len(self.files):
+                raise ValueError(f"{len(self.runs)} key runs for {len(self.files)} files")
+            sizes = [len(self.whole)] if self.whole is not None else [md.row_group(i).num_rows for i in range(md.num_row_groups)]
+            self.offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])  # first entry of each bucket
             held = len(self.whole) if self.whole is not None else md.num_rows
         except _READ_ERRORS as e:
             raise _corrupt(seg.path, e) from e
@@ -224,6 +229,16 @@ class _Segment:
                 _BUCKETS.put((self.path, b), entries)
                 out[b] = entries
         return [out[int(b)] for b in buckets]
+
+    def keys_between(self, start: int, stop: int) -> list[np.ndarray]:
+        """The keys ``k[start:stop]`` of the sorted entries, as views into the (cached) buckets holding them."""
+        first = int(np.searchsorted(self.offsets, start, side="right")) - 1
+        last = int(np.searchsorted(self.offsets, stop, side="left"))
+        out = []
+        for b, entries in zip(range(first, last), self.read(range(first, last))):
+            lo = int(self.offsets[b])
+            out.append(entries.k[max(start - lo, 0): stop - lo])
+        return out
 
     def read_all(self) -> Entries:
         parts = self.read(range(len(self.lo)))
@@ -273,7 +288,10 @@ def _write(io: FileIO, location: str, files: list[str], k: np.ndarray, f: np.nda
     order = np.argsort(k, kind="stable")
     k, f, p = k[order], f[order], p[order]
     table = pa.table({"k": k, "f": f.astype(np.int32, copy=False), "p": p.astype(np.int64, copy=False)})
-    table = table.replace_schema_metadata({"files": json.dumps(files)})
+    meta = {"files": json.dumps(files)}
+    if exact:
+        meta["runs"] = json.dumps(key_runs(k, f, p, len(files)))
+    table = table.replace_schema_metadata(meta)
     path = f"{location.rstrip('/')}/index-{uuid.uuid4().hex}.parquet"
     with storage_of(io).write_new(path) as out:
         pq.write_table(
@@ -282,6 +300,33 @@ def _write(io: FileIO, location: str, files: list[str], k: np.ndarray, f: np.nda
         )
         size = out.tell()
     return Segment(path, len(k), int(k[0]), int(k[-1]), exact, size)
+
+
+def key_runs(k: np.ndarray, f: np.ndarray, p: np.ndarray, files: int) -> list[list[int]]:
+    """Per file number, ``[first entry, entries, first key, last key]`` of the sorted entries
+    ``(k, f, p)`` when the file's entries are one contiguous run holding positions 0, 1, 2, ...
+    in that order, else ``[-1, 0, 0, 0]``.
+
+    Such a file's keys, in row order, are exactly ``k[first:first + entries]``
+    (ascending): a backfill handed that very sequence sets every row of the
+    file, which ``featurelake.wholefiles`` checks with one comparison instead
+    of a probe per key. Files whose keys do not ascend with the row position,
+    or whose key range interleaves with another file's, have no run.
+    """
+    out = [[-1, 0, 0, 0] for _ in range(files)]
+    n = len(f)
+    if not n:
+        return out
+    starts = np.concatenate([[0], np.flatnonzero(f[1:] != f[:-1]) + 1])
+    ends = np.concatenate([starts[1:], [n]])
+    run_file = f[starts].astype(np.int64)
+    once = np.bincount(run_file, minlength=files)[run_file] == 1  # the file's entries are this one run
+    steps = np.flatnonzero(np.diff(p) != 1)  # j where p[j + 1] is not p[j] + 1
+    no_gap = np.searchsorted(steps, starts, side="left") == np.searchsorted(steps, ends - 1, side="left")
+    for i in np.flatnonzero(once & no_gap & (p[starts] == 0)):
+        a, b = int(starts[i]), int(ends[i])
+        out[int(run_file[i])] = [a, b - a, int(k[a]), int(k[b - 1])]
+    return out
 
 
 def _positions(k: np.ndarray, keys: np.ndarray) -> np.ndarray:

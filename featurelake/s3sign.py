@@ -1,4 +1,4 @@
-"""Signed S3 requests pyarrow's Python API cannot make: batched deletes, and one-GET reads.
+"""Signed S3 requests pyarrow's Python API cannot make: batched deletes, one-GET reads, one-PUT writes.
 
 *Batched deletes*: one ``POST ?delete`` (DeleteObjects) for up to 1,000 keys.
 
@@ -15,6 +15,14 @@ any read, even where the size is known from a manifest or the platform state
 Python for a raw file). A small file whose size is known is fetched here with
 one signed GET, so its footer and columns cost one request, not two or three.
 
+*One-PUT writes*: pyarrow's output stream uploads a file larger than one
+part (5-10 MiB) as a multipart upload: CreateMultipartUpload, a PUT per part
+and CompleteMultipartUpload, at least four requests where S3 takes a single
+PUT of up to 5 GiB. A file already encoded in memory (a data file of up to
+``storage.SINGLE_PUT_BYTES``, a large update file) is stored here with one
+signed PUT whose signature covers the body's SHA-256, so the store verifies
+every byte; S3 never shows a partly written object.
+
 boto3/botocore are not dependencies, so the request is signed here with AWS
 Signature Version 4 (stdlib ``hmac``/``hashlib``). Its configuration is the
 one of the pyarrow filesystem the table's FileIO built (endpoint, region,
@@ -23,8 +31,9 @@ there is no second configuration path. Where that filesystem's credentials
 are not explicit (default provider chain, an assumed role, anonymous access),
 a proxy or a custom CA is configured, or the store refuses the request,
 :func:`delete_objects` reports the keys as not done and the caller deletes
-them one by one as before, and :func:`get_object` returns None so the caller
-reads through pyarrow. No error or log line carries a credential.
+them one by one as before, :func:`get_object` returns None so the caller
+reads through pyarrow, and :func:`put_object` returns False so the caller
+writes through pyarrow. No error or log line carries a credential.
 """
 from __future__ import annotations
 
@@ -92,7 +101,7 @@ def _body(keys: list[str]) -> bytes:
             f"<Quiet>true</Quiet>{objects}</Delete>").encode()
 
 
-def _sign(ep: _Endpoint, host: str, path: str, body: bytes, now: datetime, method: str = "POST",
+def _sign(ep: _Endpoint, host: str, path: str, body: "bytes | memoryview", now: datetime, method: str = "POST",
           query: str = "delete=", extra: dict[str, str] | None = None) -> dict[str, str]:
     """Headers of a SigV4-signed request (by default ``POST path?delete`` with ``body``)."""
     amz_date = now.strftime("%Y%m%dT%H%M%SZ")
@@ -201,6 +210,35 @@ def get_object(fs: pafs.FileSystem, path: str, size: int | None, offset: int = 0
     return None
 
 
+def put_object(fs: pafs.FileSystem, path: str, data: "bytes | memoryview") -> bool:
+    """Store ``data`` as ``path`` (``bucket/key``) with one signed PUT; False when not done here.
+
+    False (the caller writes through pyarrow instead, which may then report
+    the store's error) when this filesystem cannot be signed for, the request
+    fails or the store answers anything but success. The payload's SHA-256 is
+    signed, so a body damaged on the way is refused by the store.
+    """
+    ep = _endpoint(fs)
+    bucket, _, key = path.partition("/")
+    if ep is None or not bucket or not key:
+        return False
+    body = memoryview(data).cast("B")
+    host, url_path = (f"{bucket}.{ep.host}", f"/{key}") if ep.virtual else (ep.host, f"/{bucket}/{key}")
+    for attempt in range(2):  # a kept-alive connection the server closed: once more on a fresh one
+        headers = _sign(ep, host, url_path, body, datetime.now(timezone.utc), method="PUT", query="",
+                        extra={"content-length": str(len(body))})
+        conn = _connection(ep, host, fresh=attempt > 0)
+        try:
+            conn.request("PUT", urllib.parse.quote(url_path, safe="/~"), body=body, headers=headers)
+            response = conn.getresponse()
+            response.read()
+        except (OSError, http.client.HTTPException):
+            conn.close()
+            continue
+        return response.status == 200
+    return False
+
+
 def _unescape(text: str) -> str:
     from xml.sax.saxutils import unescape
 
@@ -238,4 +276,4 @@ def delete_objects(fs: pafs.FileSystem, paths: Iterable[str]) -> list[str]:
     return left
 
 
-__all__ = ["MAX_KEYS", "delete_objects", "get_object"]
+__all__ = ["MAX_KEYS", "delete_objects", "get_object", "put_object"]

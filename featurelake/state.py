@@ -471,9 +471,7 @@ def _entries_by_file(tbl: pa.Table) -> dict[str, list[UpdateEntry]]:
 
 def _upload(io: FileIO, path: str, data: pa.Buffer) -> int:
     """Store encoded bytes as the new file ``path``; returns its size."""
-    with storage_of(io).write_new(path) as out:
-        out.write(data)
-        return out.tell()
+    return storage_of(io).write_bytes(path, data)
 
 
 def _encode_entries(entries: list[UpdateEntry], root_json: str | None = None) -> pa.Buffer:

@@ -25,7 +25,10 @@ than one upload part is written with a single PUT instead of a multipart
 upload's three requests (create, part, complete). The filesystem is rebuilt
 from the FileIO's own (its ``__reduce__`` arguments), so its configuration is
 the catalog's and nothing else, and pyiceberg's own writes through that FileIO
-(data files, manifests) get the same saving.
+(data files, manifests) get the same saving. A larger file already in memory
+(:meth:`Storage.write_bytes`: data files of up to :data:`SINGLE_PUT_BYTES`,
+large update files) goes up in one signed PUT (``s3sign.put_object``) instead
+of a multipart upload's create, parts and complete.
 """
 from __future__ import annotations
 
@@ -48,6 +51,8 @@ from featurelake.lru import LRU
 _SCHEME_ALIASES = {"s3a": "s3", "s3n": "s3", "gcs": "gs"}
 FOOTER_READ_BYTES = 64 << 10  # the tail Arrow's Parquet reader fetches first for the footer
 SMALL_OBJECT_BYTES = 1 << 20  # a file this small is cheaper fetched whole than in two requests
+MULTIPART_BYTES = 5 << 20  # from this size pyarrow's stream may upload in parts (S3's smallest part): one PUT instead
+SINGLE_PUT_BYTES = 64 << 20  # data files whose rows take at most this much are encoded in memory, then stored in one PUT
 
 # Object stores that serve an Iceberg catalog (S3 Tables, SeaweedFS) accept only
 # Iceberg file types in a table's folder: Parquet/Avro/ORC under data/, Avro and
@@ -187,10 +192,28 @@ class Storage:
         with fs.open_output_stream(path) as out:
             yield out
 
-    def write_bytes(self, location: str, data: bytes) -> int:
+    def write_bytes(self, location: str, data: "bytes | pa.Buffer") -> int:
+        """Store ``data`` as the new file ``location``; returns its size.
+
+        On S3 a file larger than one upload part is stored with a single
+        signed PUT (``s3sign.put_object``), not a multipart upload; where that
+        cannot be done, and everywhere else, through :meth:`write_new`.
+        """
+        size = len(data) if isinstance(data, (bytes, bytearray, memoryview)) else data.size
+        if size >= MULTIPART_BYTES and self.is_object_store(location):
+            from featurelake.s3sign import put_object
+
+            _, fs, path = self.resolve(location)
+            note_created(self.origin, location)  # named before the bytes exist
+            if put_object(fs, path, data):
+                return size
         with self.write_new(location) as out:
             out.write(data)
-        return len(data)
+        return size
+
+    def is_object_store(self, location: str) -> bool:
+        """Whether ``location`` is on an S3 store (where :meth:`write_bytes` can save a multipart upload)."""
+        return isinstance(self.resolve(location)[1], pafs.S3FileSystem)
 
     def delete_many(self, files: "list[StoredFile]") -> None:
         """Delete listed files, batched on S3 (see :func:`delete_stored`)."""

@@ -36,7 +36,7 @@ from featurelake.errors import (
     SchemaMismatchError,
     UnknownKeyError,
 )
-from featurelake.index import read_key_columns
+from featurelake.index import encode, key_is_exact, read_key_columns
 from featurelake.keys import ROW, check_keys, conform_keys, find
 from featurelake.livefiles import remember_files, snapshot_files
 from featurelake.read import POS_FIELD_ID
@@ -55,6 +55,7 @@ from featurelake.schema import (
 from featurelake.state import STATE_KEY, StateWriter, UpdateEntry, summary_props
 from featurelake.storage import storage_of
 from featurelake.threads import MAX_THREADS, Pending, run_all, start_all, staged_uploads
+from featurelake.wholefiles import WholeFile, uncovered_rows, whole_files
 from featurelake.writer_settings import WriterSettings
 
 if TYPE_CHECKING:
@@ -80,6 +81,7 @@ class UpdateReport:
     columns: list[str] = field(default_factory=list)
     new_columns: list[str] = field(default_factory=list)
     tasks: int = 0  # parallel Ray tasks that wrote the update files (featurelake.ray); 0: written in-process
+    whole_files: int = 0  # data files whose every key the input held in row order: set without a key lookup (wholefiles)
 
 
 def _split_input(table: "Table", data: pa.Table) -> tuple[bool, list[str]]:
@@ -171,7 +173,47 @@ def _check_keys_unchanged(ice: IcebergTable, groups: list[tuple[str, pa.Table]],
         )
 
 
-def _locate_by_key(table: "Table", ice: IcebergTable, head: Snapshot, data: pa.Table, on_unknown: OnUnknown, report: UpdateReport) -> pa.Table:
+def _locate_by_key(
+    table: "Table", ice: IcebergTable, head: Snapshot, data: pa.Table, on_unknown: OnUnknown, report: UpdateReport
+) -> list[tuple[str, pa.Table]]:
+    """The input rows per data file they set, each in position order.
+
+    Slices of the input that are exactly a data file's keys in row order (keys
+    read from the table) are recognised from the key index without a probe
+    (featurelake.wholefiles) and set that file densely; the other rows are
+    looked up by key. Unknown keys raise or are skipped as ``on_unknown`` says.
+    """
+    whole = _whole_files(table, ice, head, data)
+    report.whole_files = len(whole)
+    if not whole:
+        return _groups(_probe(table, ice, head, data, on_unknown, report), ordered=True)
+    groups = [(w.path, data.slice(w.start, w.rows)) for w in whole]
+    ranges = uncovered_rows(data.num_rows, whole)
+    if not ranges:
+        return groups
+    rest = pa.concat_tables([data.slice(a, n) for a, n in ranges]) if len(ranges) > 1 else data.slice(*ranges[0])
+    rest_groups = _groups(_probe(table, ice, head, rest, on_unknown, report), ordered=True)
+    matched = {w.path for w in whole}
+    if any(path in matched for path, _ in rest_groups):  # only if the table held a key twice: locate every row
+        report.whole_files = 0
+        return _groups(_probe(table, ice, head, data, on_unknown, report), ordered=True)
+    return groups + rest_groups
+
+
+def _whole_files(table: "Table", ice: IcebergTable, head: Snapshot, data: pa.Table) -> list[WholeFile]:
+    """The data files whose every key ``data`` holds in their row order, as input slices (single integer keys only)."""
+    keys = table.primary_key
+    if data.num_rows == 0 or not key_is_exact(ice.schema(), keys):
+        return []
+    segments = table._state(ice, head).index_segments
+    if not segments:
+        return []
+    live_rows = {path: f.record_count for path, f in snapshot_files(ice, head).items()}
+    return whole_files(ice.io, segments, live_rows, encode(data.select(keys)))
+
+
+def _probe(table: "Table", ice: IcebergTable, head: Snapshot, data: pa.Table, on_unknown: OnUnknown, report: UpdateReport) -> pa.Table:
+    """``data``'s rows found by key (``_file``, ``_pos`` added), in (file, position) order."""
     keys = table.primary_key
     found = find(table, ice, head, data.select(keys))
     matched = np.zeros(data.num_rows, dtype=bool)
@@ -310,9 +352,7 @@ def encode_update_file(ice: IcebergTable, values: pa.Table, target: pa.Schema, p
 
 def upload_update_file(ice: IcebergTable, path: str, data: pa.Buffer) -> int:
     """Store an encoded update file as the new file ``path``; returns its size."""
-    with storage_of(ice.io).write_new(path) as out:
-        out.write(data)
-        return out.tell()
+    return storage_of(ice.io).write_bytes(path, data)
 
 
 def write_update_file(ice: IcebergTable, path: str, values: pa.Table, target: pa.Schema, positions: pa.Array | None) -> int:
@@ -447,6 +487,10 @@ def apply_column_updates(
     if given_keys:
         key_schema = arrow_schema(table._ice.schema(), field_ids=False)
         data = conform_keys(data, [key_schema.field(k) for k in given_keys])
+        for k in given_keys:  # one chunk: the key checks and the index read it as numpy without copying it again
+            i = data.column_names.index(k)
+            if data.column(i).num_chunks > 1:
+                data = data.set_column(i, data.schema.field(i), pa.chunked_array([data.column(i).combine_chunks()]))
     if not by_locator:
         check_keys(data, keys)
     elif given_keys and len(given_keys) < len(keys):
@@ -459,28 +503,25 @@ def apply_column_updates(
     def attempt(ice: IcebergTable) -> UpdateReport:
         delete_quietly(ice, written)  # leftovers of an attempt that lost a commit race
         written.clear()
-        report.unknown_skipped = 0  # what an earlier attempt found on older metadata does not count
+        report.unknown_skipped = report.whole_files = 0  # what an earlier attempt found on older metadata does not count
         head = refs.branch_head(ice.metadata, branch)
         if head is None:
             raise UnknownKeyError(f"{table.name}@{branch} is empty: nothing to backfill", count=data.num_rows)
         current = arrow_schema(ice.schema(), field_ids=False)
         new_columns = _check_types(current, data, columns)
         values = fit_values(current, data, columns, new_columns)
-        groups = None
         if by_locator:
             groups = _check_locators(table, ice, head, values)
             if given_keys:
                 _check_keys_unchanged(ice, groups, keys)
-            rows = values
         else:
-            rows = _locate_by_key(table, ice, head, values, on_unknown, report)
-            groups = _groups(rows, ordered=True)  # located_rows put them in (file, position) order
-        if rows.num_rows == 0:
+            groups = _locate_by_key(table, ice, head, values, on_unknown, report)
+        if not groups:
             base.confirm("nothing to backfill")
             report.snapshot_id = head.snapshot_id
             return report
         return commit_update_files(
-            table, ice, head, branch, values, rows, columns, new_columns, written, report, groups, write_files
+            table, ice, head, branch, values, values, columns, new_columns, written, report, groups, write_files
         )
 
     landed = lambda: report.snapshot_id is not None  # noqa: E731
@@ -534,7 +575,7 @@ def commit_update_files(
     report.snapshot_id = commit(tx, branch)
     table._base = committed_table(tx, branch, report.snapshot_id)  # the next backfill starts from it
     remember_files(ice, head, report.snapshot_id, [])  # the same data files: the next write plans no manifests
-    report.rows_updated = rows.num_rows
+    report.rows_updated = rows.num_rows if groups is None else sum(group.num_rows for _, group in groups)
     report.data_files_touched = report.update_files = files
     report.bytes_written = total_bytes
     report.new_columns = new_columns

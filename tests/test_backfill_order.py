@@ -108,7 +108,8 @@ def test_locator_order_and_gather_match_lexsort_and_take(shape):
         assert _gather(data, rows).to_pydict() == data.take(pa.array(rows, pa.int64())).to_pydict()
 
 
-@pytest.mark.parametrize("shape", ["sorted", "disjoint_runs", "overlapping_runs", "repeat_in_run", "repeat_across_runs", "random", "tiny"])
+@pytest.mark.parametrize("shape", ["sorted", "disjoint_runs", "overlapping_runs", "repeat_in_run", "repeat_across_runs", "random", "tiny",
+                                   "runs_and_shuffled_tail", "tail_repeats_a_run_key", "tail_repeats_itself", "tail_too_long"])
 def test_distinct_runs_never_calls_repeated_keys_distinct(shape):
     rng = np.random.default_rng(5)
     base = np.arange(10_000, dtype=np.int64)
@@ -120,9 +121,34 @@ def test_distinct_runs_never_calls_repeated_keys_distinct(shape):
         "repeat_across_runs": np.concatenate([base[5000:], base[:5001]]),
         "random": rng.permutation(base),
         "tiny": np.array([3], np.int64),
+        # scan order after an upsert inserted keys: long runs, then a file of keys in no order
+        "runs_and_shuffled_tail": np.concatenate([base[6000:9000], base[:6000], rng.permutation(base[9000:9300])]),
+        "tail_repeats_a_run_key": np.concatenate([base[6000:9000], base[:6000], rng.permutation(np.append(base[9000:9300], 4321))]),
+        "tail_repeats_itself": np.concatenate([base[:9000], rng.permutation(np.append(base[9000:9300], 9100))]),
+        "tail_too_long": np.concatenate([base[:5000], rng.permutation(base[5000:])]),
     }[shape]
     distinct = len(np.unique(v)) == len(v)
-    assert sorting.distinct_runs(v) == (shape in ("sorted", "disjoint_runs", "tiny"))
+    assert sorting.distinct_runs(v) == (shape in ("sorted", "disjoint_runs", "tiny", "runs_and_shuffled_tail"))
     assert not sorting.distinct_runs(v) or distinct  # never a false "distinct"
     with_nan = np.array([1, 2, np.nan, 2, 3])  # an integer key column with nulls arrives as floats
     assert not sorting.distinct_runs(with_nan)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_distinct_runs_is_never_wrong_on_random_run_layouts(seed):
+    """Runs of random lengths, some shuffled, some repeating a value of another run, near the int64 limits too."""
+    rng = np.random.default_rng(seed)
+    base = np.iinfo(np.int64).max - 10**6 if seed % 4 == 0 else (np.iinfo(np.int64).min if seed % 4 == 1 else 0)
+    parts, at = [], base
+    for _ in range(int(rng.integers(1, 12))):
+        shuffled = rng.random() < 0.25
+        n = int(rng.integers(1, 200 if shuffled else 3000))  # a shuffled file is small (rows an upsert inserted)
+        step = int(rng.integers(1, 4))
+        part = at + np.arange(n, dtype=np.int64) * step if at >= 0 or base < 0 else np.arange(n, dtype=np.int64) + at
+        at = int(part[-1]) + int(rng.integers(1, 5000)) if int(part[-1]) < np.iinfo(np.int64).max - 10**5 else base
+        parts.append(rng.permutation(part) if shuffled else part)
+    order = rng.permutation(len(parts))
+    v = np.concatenate([parts[i] for i in order])
+    if seed % 2 and len(v) > 1:  # a repeated value somewhere
+        v = np.insert(v, int(rng.integers(0, len(v))), v[int(rng.integers(0, len(v)))])
+    assert not sorting.distinct_runs(v) or len(np.unique(v)) == len(v)

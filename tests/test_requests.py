@@ -526,3 +526,40 @@ def test_a_manifest_list_not_cached_is_read_in_one_get(s3_lake, seaweed):
     assert requests["total"] == 1 and requests["GET"] == 1, requests
     manifest_cache.clear()
     assert sorted(t.read()["id"].to_pylist()) == list(range(300))
+
+
+LARGE = pa.schema([pa.field("id", pa.int64(), nullable=False)] + [pa.field(f"v{i}", pa.float64()) for i in range(3)])
+
+
+def _wide_rows(lo: int, n: int, seed: int) -> pa.Table:
+    rng = np.random.default_rng(seed)  # random floats do not compress: the file is about as large as the rows
+    return pa.table({"id": np.arange(lo, lo + n, dtype=np.int64), **{f"v{i}": rng.random(n) for i in range(3)}}, schema=LARGE)
+
+
+def test_a_file_larger_than_one_upload_part_is_stored_in_one_put_and_a_larger_one_streams(s3_lake, seaweed, monkeypatch):
+    """A data file (~12 MB, more than one part of pyarrow's multipart upload) and a backfill's update
+    file (~12 MB) are each one PUT: no CreateMultipartUpload/Complete (POSTs). Rows past
+    ``SINGLE_PUT_BYTES`` stream through pyarrow's multipart upload as before. Read back equal."""
+    from featurelake import datafiles
+
+    t = s3_lake.create_table("ns.large", LARGE, primary_key="id")
+    first = _wide_rows(0, 500_000, 1)
+    _, s3, _ = _counted(seaweed, s3_lake, lambda: t.append(first))
+    assert t.stats()["data_files"] == 1 and t.stats()["data_bytes"] > 11 << 20
+    assert s3.get("POST", 0) == 0, s3
+    assert s3["PUT"] == 5, s3  # the data file, its index segment, the state, a manifest, the manifest list
+    values = pa.table({"id": first["id"], **{f"w{i}": pa.array(np.random.default_rng(i).random(first.num_rows)) for i in range(3)}})
+    _, s3, _ = _counted(seaweed, s3_lake, lambda: t.backfill(values))
+    assert t.last_update_report.bytes_written > 10 << 20
+    assert s3.get("POST", 0) == 0 and s3["PUT"] == 3, s3  # the update file, the state, the manifest list
+
+    monkeypatch.setattr(datafiles, "SINGLE_PUT_BYTES", 1 << 20)
+    second = _wide_rows(500_000, 500_000, 2)
+    _, s3, _ = _counted(seaweed, s3_lake, lambda: t.append(second))
+    assert s3.get("POST", 0) >= 2, s3  # streamed: a multipart upload, created and completed
+    got = t.read().sort_by("id")
+    want = pa.concat_tables([first, second]).sort_by("id")
+    assert got.select(LARGE.names).equals(want)
+    for i in range(3):
+        np.testing.assert_array_equal(got[f"w{i}"].to_numpy()[:500_000], values[f"w{i}"].to_numpy())
+        assert got[f"w{i}"].slice(500_000).null_count == 500_000
