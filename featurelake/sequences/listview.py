@@ -41,6 +41,7 @@ from featurelake.sequences.codecs import FixedCodec
 
 LAYOUTS = ("list", "list_view")
 _MAX_POOL = (1 << 31) - 1
+BLOCK_SLACK = 1.25  # a history cache append copies its pools whole while they hold at most this many slots an event
 DIRECT_SPAN = 4  # int user keys spanning at most this many values a cached user are found by direct addressing
 
 
@@ -184,6 +185,7 @@ class HistoryCache:
         self.fields = view_fields(store, self.columns)
         self.type = pa.list_view(pa.struct(self.fields))
         self.lock = threading.Lock()
+        self.inflight: list[tuple[np.ndarray, threading.Event]] = []  # users being fetched, outside the lock
         self.resets = -1
         self._reset()
 
@@ -215,6 +217,17 @@ class HistoryCache:
             new[: self.size // 8] = arr[: self.size // 8]
             self.bits[col] = new
 
+    @staticmethod
+    def _region(flags: np.ndarray, src: np.ndarray | None, dst: np.ndarray, lo: int, total: int) -> np.ndarray:
+        """``total`` flags of a new arena region: the pools' slots from ``lo`` (a block) or the events gathered."""
+        out = np.zeros(total, bool)
+        if src is None:
+            got = flags[lo : lo + total]
+            out[: len(got)] = got
+        else:
+            out[dst] = flags[src]
+        return out
+
     def _fetch(self, keys: pa.Array, threads: int, batch_keys: int, stats: dict):
         """Whole histories of ``keys`` (distinct users): event counts and where each event sits in the chunks."""
         lo, hi, delta, fetched, _ = self.store._select(keys, np.arange(len(keys)), None, None, None, self.cols,
@@ -222,30 +235,45 @@ class HistoryCache:
         return hi - lo, lo + delta, fetched
 
     def _append(self, users: np.ndarray, got) -> None:
+        """Copy fetched histories into the arena: ``got`` = (events per user, each user's first slot in the pools, pools).
+
+        A user's events are contiguous in the pools (its chunks back to back,
+        padded to ``chunk_events``). When the users' slots cover the pools
+        with little padding (the last chunk of each history), the pools are
+        copied as one block per column (a memcpy; the padding stays in the
+        arena, between segments) instead of gathering every event.
+        """
         n, src0, fetched = got
-        width = (n + 7) & ~7
-        starts = self.size + np.cumsum(width) - width
-        total = int(width.sum())
-        self._grow(self.size + total)
         m = int(n.sum())
+        has = n > 0
+        lo = int(src0[has].min()) if m else 0
+        span = int((src0 + n)[has].max()) - lo if m else 0
+        block = m and span <= BLOCK_SLACK * m + 1024
+        if block:
+            total = (span + 7) & ~7
+            starts = self.size + np.where(has, src0 - lo, 0)
+        else:
+            width = (n + 7) & ~7
+            total = int(width.sum())
+            starts = self.size + np.cumsum(width) - width
+        self._grow(self.size + total)
         a, z = self.size, self.size + total
         times = self.data[self.store.time]
+        ramp = np.arange(m, dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
+        dst = np.repeat(starts - self.size, n) + ramp  # each event's slot in the new region
         if m:
-            ramp = np.arange(m, dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
-            src = np.repeat(src0, n) + ramp
-            dst = np.repeat(starts - self.size, n) + ramp  # into the new region
+            src = None if block else np.repeat(src0, n) + ramp
             for col in self.cols:
                 vals, ok = fetched[self.store.group_of[col]][col]
                 if col in self.bools:
-                    flags = np.zeros(total, bool)
-                    flags[dst] = vals.view(np.bool_)[src]
-                    self.data[col][a // 8 : z // 8] = np.packbits(flags, bitorder="little")
+                    self.data[col][a // 8 : z // 8] = np.packbits(self._region(vals.view(np.bool_), src, dst, lo, total),
+                                                                  bitorder="little")
+                elif block:
+                    self.data[col][a : a + span] = vals[lo : lo + span]
                 else:
                     self.data[col][a + dst] = vals[src]
                 if col in self.bits:
-                    flags = np.zeros(total, bool)
-                    flags[dst] = ok[src]
-                    self.bits[col][a // 8 : z // 8] = np.packbits(flags, bitorder="little")
+                    self.bits[col][a // 8 : z // 8] = np.packbits(self._region(ok, src, dst, lo, total), bitorder="little")
         seg0 = len(self.seg_start)
         self.seg_start = np.concatenate([self.seg_start, starts])
         self.seg_count = np.concatenate([self.seg_count, n])
@@ -276,6 +304,37 @@ class HistoryCache:
         hit = self.keys[pos] == kv
         return np.where(hit, self.ordinal[pos], -1), hit
 
+    def _add(self, kv: np.ndarray, sel: pa.Array, users: np.ndarray, got, threads: int, batch_keys: int,
+             stats: dict) -> None:
+        """Append the fetched histories ``got`` of ``users`` that a batch (keys ``kv``) still misses; under the lock.
+
+        The other join worker may have appended some meanwhile, or dropped the
+        arena: users it dropped are fetched again here. When the new users
+        would pass the bound, the arena is dropped and refilled with this
+        batch's users only (a single batch may still exceed it).
+        """
+        _, hit = self._find(kv)
+        if hit.all():
+            return
+        miss = np.flatnonzero(~hit)
+        need, first = np.unique(kv[miss], return_index=True)
+        at = np.minimum(np.searchsorted(users, need), max(len(users) - 1, 0))
+        fetched = users[at] == need if len(users) else np.zeros(len(need), bool)
+        n, src, pools = got
+        parts = [(need[fetched], (n[at[fetched]], src[at[fetched]], pools))]
+        if not fetched.all():  # dropped by the other worker's reset since this batch fetched
+            parts.append((need[~fetched], self._fetch(sel.take(pa.array(miss[first[~fetched]])), threads, batch_keys,
+                                                      stats)))
+        new = sum(int(((p[1][0] + 7) & ~7).sum()) for p in parts)
+        if self.size and self.size + new > self.max_events:
+            self._reset()  # refill with this batch's users only
+            old_rows = np.flatnonzero(hit)
+            if len(old_rows):
+                old, ofirst = np.unique(kv[old_rows], return_index=True)
+                parts.append((old, self._fetch(sel.take(pa.array(old_rows[ofirst])), threads, batch_keys, stats)))
+        for who, part in parts:
+            self._append(who, part)
+
     def join(self, keys: pa.Array, before: Any, max_len: int | None, window: Any, threads: int,
              batch_keys: int) -> tuple[pa.ListViewArray, dict[str, int]]:
         """One batch's list-view column over the arena (fetching the users it has not seen)."""
@@ -284,26 +343,46 @@ class HistoryCache:
         stats = _new_stats(n)
         stats.update(cache_hits=0, cache_misses=0)
         lo = hi = np.zeros(0, np.int64)
-        with self.lock:
-            if len(rows):
-                sel = keys if len(rows) == n else keys.take(pa.array(rows))
-                kv = store.codec.values(sel)
+        got = None
+        if len(rows):
+            sel = keys if len(rows) == n else keys.take(pa.array(rows))
+            kv = store.codec.values(sel)
+            with self.lock:
                 pos, hit = self._find(kv)  # pos: each row's segment
                 if not hit.all():
                     miss_rows = np.flatnonzero(~hit)
                     users, first = np.unique(kv[miss_rows], return_index=True)
-                    first = miss_rows[first]
-                    stats["cache_misses"] = len(users)
-                    got = self._fetch(sel.take(pa.array(first)), threads, batch_keys, stats)
-                    if self.size and self.size + int(((got[0] + 7) & ~7).sum()) > self.max_events:
-                        self._reset()  # refill with this batch's users only
-                        old_rows = np.flatnonzero(hit)
-                        if len(old_rows):
-                            old, ofirst = np.unique(kv[old_rows], return_index=True)
-                            self._append(old, self._fetch(sel.take(pa.array(old_rows[ofirst])), threads, batch_keys,
-                                                          stats))
-                    self._append(users, got)
+                    # users another worker is fetching now are waited for, not fetched twice
+                    wait = [done for who, done in self.inflight if np.isin(users, who).any()]
+                    mine = ~np.isin(users, np.concatenate([who for who, _ in self.inflight])) if self.inflight else None
+                    if mine is not None:
+                        users, first = users[mine], first[mine]
+                    if len(users):
+                        flight = (users, threading.Event())
+                        self.inflight.append(flight)
+            if not hit.all():
+                try:
+                    if len(users):
+                        # fetched outside the lock: the other worker's lookups run meanwhile (multi-gets release the GIL)
+                        stats["cache_misses"] = len(users)
+                        got = self._fetch(sel.take(pa.array(miss_rows[first])), threads, batch_keys, stats)
+                finally:
+                    if len(users):
+                        with self.lock:
+                            if got is not None:
+                                self._add(kv, sel, users, got, threads, batch_keys, stats)
+                            self.inflight = [f for f in self.inflight if f is not flight]
+                        flight[1].set()
+                for done in wait:
+                    done.wait()
+        with self.lock:
+            if len(rows):
+                if not hit.all():
                     pos, hit = self._find(kv)
+                    if not hit.all():  # dropped by a reset meanwhile: fetched again, under the lock (rare)
+                        self._add(kv, sel, np.unique(kv[:0]), (np.zeros(0, np.int64), np.zeros(0, np.int64), {}),
+                                  threads, batch_keys, stats)
+                        pos, hit = self._find(kv)
                 stats["cache_hits"] = len(rows) - stats["cache_misses"]
                 seg = pos
                 s = self.seg_start[seg]

@@ -60,15 +60,13 @@ class TimeGrid:
             grown = np.empty(max(self.used + total, 2 * len(self.grid), 1024), np.int32)
             grown[: self.used] = self.grid[: self.used]
             self.grid = grown
-        # each event's global cell number (non-decreasing over the runs), then per grid entry the
-        # events before it: one searchsorted over all new runs at once
+        # each event's entry number over all new runs; events in entries before each entry (one
+        # bincount and a cumsum), less the events of the runs before it
         run = np.repeat(np.arange(k), counts)
         cell_id = (off - self.used)[run] + (t - first[run]) // width[run]
-        entry = np.arange(total, dtype=np.int64)
-        entry_run = np.repeat(np.arange(k), entries)
-        local = entry - (off - self.used)[entry_run]
-        before = np.searchsorted(cell_id, (off - self.used)[entry_run] + np.minimum(local, cells[entry_run]))
-        self.grid[self.used : self.used + total] = before - starts[entry_run]
+        below = np.zeros(total + 1, np.int64)
+        np.cumsum(np.bincount(cell_id, minlength=total), out=below[1:])
+        self.grid[self.used : self.used + total] = below[:-1] - np.repeat(starts, entries)
         self.used += total
         self.first = np.concatenate([self.first, first])
         self.width = np.concatenate([self.width, width])
