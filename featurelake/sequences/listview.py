@@ -114,7 +114,8 @@ def lookup_view(store: SequenceStore, keys: pa.Array, before: Any, columns: Sequ
     fetched: dict[int, Any] = {}
     counts = np.zeros(0, np.int64)
     if len(rows):
-        lo, hi, delta, fetched, counts = store._select(keys, rows, b, w, max_len, columns, threads, batch_keys, stats)
+        lo, hi, delta, fetched, counts = store._select(keys, rows, b, w, max_len, columns, threads, batch_keys, stats,
+                                                       narrow=True)
     c = store.chunk_events
     fixed = [isinstance(store.codecs[store.group_of[col]], FixedCodec) for col in columns]
     pool = int(counts.sum())
@@ -131,7 +132,7 @@ def lookup_view(store: SequenceStore, keys: pa.Array, before: Any, columns: Sequ
             vals, ok = fetched[g][col]
             if ok is not None and np.count_nonzero(ok) == pool:
                 ok = None  # every fetched event is valid (padding slots are the only zeros): no bitmap
-            arrays.append(_fixed_column(store.codecs[g], col, vals, _bitmap(ok), slots))
+            arrays.append(_fixed_column(store.codecs[g], col, store.codecs[g].widen(col, vals), _bitmap(ok), slots))
         values = pa.StructArray.from_arrays(arrays, fields=fields)
         lo, hi = lo + delta, hi + delta
     else:  # IPC groups are back to back: gather fixed-codec columns into the same order (one take per pool)
@@ -145,8 +146,8 @@ def lookup_view(store: SequenceStore, keys: pa.Array, before: Any, columns: Sequ
             g = store.group_of[col]
             if is_fixed:
                 vals, ok = fetched[g][col]
-                arrays.append(_fixed_column(store.codecs[g], col, np.ascontiguousarray(vals[slot]),
-                                            _bitmap(None if ok is None else ok[slot]), pool))
+                vals = store.codecs[g].widen(col, vals[slot])
+                arrays.append(_fixed_column(store.codecs[g], col, vals, _bitmap(None if ok is None else ok[slot]), pool))
             else:
                 arrays.append(fetched[g].column(col).combine_chunks())
         values = pa.StructArray.from_arrays(arrays, fields=fields)
