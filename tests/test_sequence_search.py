@@ -245,3 +245,40 @@ def test_cheap_items_run_in_the_callers_thread_in_order():
     assert all(t.column_names == ["i"] for t in out)
     assert main in ran_in and any(r != main for r in ran_in)
 
+
+
+# ------------------------------------------------------------------ head cache
+@pytest.mark.parametrize("layout", ["list", "list_view"])
+def test_views_read_each_head_once_and_answer_as_the_store(lake, layout):
+    """A view keeps the heads it read: the second epoch reads none; a tiny bound (cleared often) answers the same."""
+    from featurelake.sequences.heads import HeadCache
+
+    schema = pa.schema([pa.field("user_id", pa.int64(), nullable=False), pa.field("ts", pa.timestamp("us"), nullable=False),
+                        pa.field("item_id", pa.int64()), pa.field("event_type", pa.string()), pa.field("dwell", pa.float32())])
+    st = lake.create_sequence_table("ml.ev", schema, key="user_id", time="ts")
+    st.append(_events(lambda i: i, 30, seed=2).cast(schema))
+    st.build(chunk_events=4)  # users past 64 chunks have two-level heads: their pages are read as before
+    stored = st.read()
+    rng = np.random.default_rng(9)
+    n = 400
+    keys = rng.integers(0, 34, n).tolist()                              # users 30..33 have no head
+    befores = [T0 + dt.timedelta(minutes=int(m)) for m in rng.integers(0, 3050, n)]
+    rows = pa.table({"sample_id": pa.array(np.arange(n, dtype=np.int64)), "user_id": pa.array(keys, pa.int64()),
+                     "ts": pa.array(befores, pa.timestamp("us"))})
+    samples = lake.create_table("ml.rows", rows.schema, primary_key="sample_id")
+    samples.append(rows)
+    cols = ["ts", "item_id"]
+    want = oracle(stored, keys, befores, cols, 9, dt.timedelta(minutes=700))
+    view = st.view(key="user_id", time="ts", columns=cols, max_len=9, window=dt.timedelta(minutes=700), layout=layout,
+                   threads=2, batch_keys=8)
+    tiny = st.view(key="user_id", time="ts", columns=cols, max_len=9, window=dt.timedelta(minutes=700), layout=layout)
+    tiny.store.head_cache = HeadCache(max_bytes=300)
+    assert st.open_store().head_cache is None  # plain stores (store.lookup) read their heads every time
+    heads = []
+    for epoch in range(2):
+        for v in (view, tiny):
+            got = pa.Table.from_batches(list(samples.batches(batch_size=50, sequences={"hist": v})))
+            assert as_list(got["hist"]).to_pylist() == want, (layout, epoch)
+        heads.append(view.stats["head_bytes"])
+    assert heads[0] > 0 and heads[1] == heads[0]  # the second epoch read no head
+    assert tiny.stats["head_bytes"] > heads[0]     # cleared and read again

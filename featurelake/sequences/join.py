@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator, Sequence
 import pyarrow as pa
 
 from featurelake.errors import FeatureLakeError, SchemaMismatchError
+from featurelake.sequences.heads import HeadCache
 from featurelake.sequences.listview import LAYOUTS, HistoryCache, lookup_view, view_type
 from featurelake.sequences.arguments import as_array, window_int
 from featurelake.sequences.lookup import SequenceStore
@@ -34,6 +35,7 @@ class SequenceView:
         if cache_bytes is not None and layout != "list_view":
             raise FeatureLakeError("cache_bytes needs layout='list_view' (cached histories are shared, not copied)")
         self.store = store
+        store.head_cache = HeadCache()  # an epoch reads each user's head once (the store is this view's own)
         self.key = key
         self.time = time
         self.columns = columns
