@@ -160,9 +160,10 @@ def lookup_view(store: SequenceStore, keys: pa.Array, before: Any, columns: Sequ
 class HistoryCache:
     """Whole decoded histories of the users seen so far, in one append-only arena shared by batches.
 
-    Thread-safe (the background join workers share it). Each user's events
-    start at a multiple of 8 slots, so validity and boolean bitmaps are
-    packed once, on append. ``cache_bytes`` bounds the arena: when a batch's
+    Thread-safe (the background join workers share it; misses are fetched
+    outside the lock). Each append's region starts at a multiple of 8 slots,
+    so validity and boolean bitmaps are packed once, on append. Each row's
+    cut is found in the users' time grids (:mod:`featurelake.sequences.timegrid`). ``cache_bytes`` bounds the arena: when a batch's
     new users would pass it, the arena is dropped and refilled with that
     batch's users (a single batch may still exceed it).
     """

@@ -76,7 +76,6 @@ class SequenceStore:
         self._types: dict[tuple, pa.DataType] = {}
         self.recorder: list[list[bytes]] | None = None  # set to a list to keep every key fetched (benchmarks)
         self.head_cache: Any = None  # a HeadCache (featurelake.sequences.heads): set by views, whose stores are their own
-        self.head_cache: Any = None  # a HeadCache (featurelake.sequences.heads): set by views, whose stores are their own
         # (group, column) -> bytes a value needed in the last lookup of this build (kept for the process: a lookup
         # decodes at these widths first, see _fetch)
         self._planes: dict[tuple[int, str], int] = _PLANES.setdefault(info.db_dir, {})
