@@ -244,6 +244,34 @@ def test_cheap_items_run_in_the_callers_thread_in_order():
     assert [t["i"][0].as_py() for t in out] == list(range(12))
     assert all(t.column_names == ["i"] for t in out)
     assert main in ran_in and any(r != main for r in ran_in)
+    # known to be cheap before the first item (a view warm from the last epoch): no worker at all
+    ran_in.clear()
+    before = {t.name for t in threading.enumerate()}
+    out = list(pipelined(iter([1, 2, 3]), fn, prefetch=2, workers=2, inline_below_s=0.005, first_cost_s=0.0,
+                         name="t-cheap"))
+    assert [t["i"][0].as_py() for t in out] == [1, 2, 3] and set(ran_in) == {main}
+    assert not any(t.name.startswith("t-cheap") for t in threading.enumerate() if t.name not in before)
+
+
+def test_a_warm_view_starts_its_next_epoch_inline(lake):
+    st = lake.create_sequence_table("ml.ev", pa.schema([pa.field("user_id", pa.int64(), nullable=False),
+                                                        pa.field("ts", pa.timestamp("us"), nullable=False),
+                                                        pa.field("item_id", pa.int64())]), key="user_id", time="ts")
+    n = 3000
+    rng = np.random.default_rng(1)
+    st.append(pa.table({"user_id": pa.array(rng.integers(0, 50, n)), "ts": pa.array(
+        np.datetime64(T0, "us") + rng.integers(0, 10**9, n).astype("timedelta64[us]")), "item_id": pa.array(rng.integers(0, 9, n))}))
+    st.build()
+    rows = pa.table({"sample_id": pa.array(np.arange(200, dtype=np.int64)), "user_id": pa.array(rng.integers(0, 50, 200)),
+                     "ts": pa.array(np.full(200, np.datetime64(T0, "us") + np.timedelta64(10**9, "us")))})
+    samples = lake.create_table("ml.rows", rows.schema, primary_key="sample_id")
+    samples.append(rows)
+    view = st.view(key="user_id", time="ts", columns=["item_id"], max_len=5, layout="list_view", cache_bytes=1 << 20)
+    assert view.last_join_s == float("inf")
+    first = list(samples.batches(batch_size=50, sequences={"hist": view}))
+    assert view.last_join_s < 1.0
+    again = list(samples.batches(batch_size=50, sequences={"hist": view}))
+    assert [as_list(b["hist"]).to_pylist() for b in again] == [as_list(b["hist"]).to_pylist() for b in first]
 
 
 
