@@ -310,3 +310,47 @@ def test_views_read_each_head_once_and_answer_as_the_store(lake, layout):
         heads.append(view.stats["head_bytes"])
     assert heads[0] > 0 and heads[1] == heads[0]  # the second epoch read no head
     assert tiny.stats["head_bytes"] > heads[0]     # cleared and read again
+
+
+def test_a_reset_by_another_worker_between_finding_and_reading_is_seen(lake):
+    """The other join worker drops and refills the arena after this batch found its (all cached) users: re-found."""
+    import threading
+
+    schema = pa.schema([pa.field("user_id", pa.int64(), nullable=False), pa.field("ts", pa.timestamp("us"), nullable=False),
+                        pa.field("item_id", pa.int64()), pa.field("event_type", pa.string()), pa.field("dwell", pa.float32())])
+    st = lake.create_sequence_table("ml.ev", schema, key="user_id", time="ts")
+    st.append(_events(lambda i: i, 40, seed=4).cast(schema))
+    st.build(chunk_events=8)
+    stored = st.read()
+    view = st.view(key="user_id", time="ts", columns=["item_id"], max_len=6, layout="list_view", cache_bytes=1 << 24)
+    cache = view.cache
+    mine = pa.array(list(range(0, 20)), pa.int64())
+    others = pa.array(list(range(20, 40)), pa.int64())
+    when = pa.array([T0 + dt.timedelta(minutes=2000)] * 20, pa.timestamp("us"))
+    view.join(mine, when)  # all of this batch's users are cached now
+
+    class ResetBetween:
+        """The cache's lock; its second entry in a join first lets "another worker" reset and refill the arena."""
+
+        def __init__(self):
+            self.inner = threading.Lock()
+            self.entries = 0
+
+        def __enter__(self):
+            self.entries += 1
+            if self.entries == 2:
+                cache._reset()
+                cache._append(*_fetched(cache, others))
+            return self.inner.__enter__()
+
+        def __exit__(self, *exc):
+            return self.inner.__exit__(*exc)
+
+    def _fetched(c, keys):
+        n, src, pools = c._fetch(keys, 1, 64, listview._new_stats(len(keys)))
+        return np.asarray(keys.to_numpy()), (n, src, pools)
+
+    cache.lock = ResetBetween()
+    got = view.join(mine, when)
+    assert cache.resets == 1
+    assert as_list(got).to_pylist() == oracle(stored, mine.to_pylist(), when.to_pylist(), ["item_id"], 6)

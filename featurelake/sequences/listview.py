@@ -351,6 +351,7 @@ class HistoryCache:
             kv = store.codec.values(sel)
             with self.lock:
                 pos, hit = self._find(kv)  # pos: each row's segment
+                arena = self.resets        # segments are numbered per arena: a reset renumbers them
                 if not hit.all():
                     miss_rows = np.flatnonzero(~hit)
                     users, first = np.unique(kv[miss_rows], return_index=True)
@@ -379,7 +380,7 @@ class HistoryCache:
                     done.wait()
         with self.lock:
             if len(rows):
-                if not hit.all():
+                if not hit.all() or self.resets != arena:
                     pos, hit = self._find(kv)
                     if not hit.all():  # dropped by a reset meanwhile: fetched again, under the lock (rare)
                         self._add(kv, sel, np.unique(kv[:0]), (np.zeros(0, np.int64), np.zeros(0, np.int64), {}),
