@@ -60,20 +60,26 @@ class DictionaryStrings:
         if bitmap is not None:  # nulls as the empty value
             codes = np.where(valid, codes, np.asarray(self.empty, np.uint16 if self.empty > 255 else codes.dtype))
         k = self.k
-        tail = -n % (2 * k)  # padded with empty values: whole k-grams, and pairs of 8-bit codes
-        if tail:
-            codes = np.concatenate([codes, np.full(tail, self.empty, codes.dtype)])
-        if codes.dtype == np.uint8:  # two codes' lengths a lookup
-            lens = np.take(self._pair_lens(), codes.view(np.uint16)).view(self.offset_dtype)
-        else:
-            lens = np.take(self.lens, codes)
+        n0 = n - n % (2 * k)  # the rest is padded with empty values: whole k-grams, and pairs of 8-bit codes
+        codes = np.ascontiguousarray(codes)
+        tail = np.full(2 * k, self.empty, codes.dtype)
+        tail[: n - n0] = codes[n0:]
+        lens = np.empty(n0 + 2 * k, self.offset_dtype)
+        kc = np.empty(n0 // k + 2, np.int32)
+        for part, at in ((codes[:n0], 0), (tail, n0)):
+            if part.dtype == np.uint8:  # two codes' lengths a lookup
+                pairs = self._pair_lens()
+                np.take(pairs, part.view(np.uint16), out=lens[at : at + len(part)].view(pairs.dtype))
+            else:
+                np.take(self.lens, part, out=lens[at : at + len(part)])
+            grid = part.reshape(-1, k)
+            into = kc[at // k : at // k + len(grid)]
+            into[:] = grid[:, 0]
+            for j in range(1, k):
+                into += np.multiply(grid[:, j], self.base ** j, dtype=np.int32)
         offsets = np.empty(n + 1, self.offset_dtype)
         offsets[0] = 0
         np.cumsum(lens[:n], dtype=self.offset_dtype, out=offsets[1:])
-        grid = codes.reshape(-1, k)
-        kc = grid[:, 0].astype(np.int32)
-        for j in range(1, k):
-            kc += np.multiply(grid[:, j], self.base ** j, dtype=np.int32)
         data = self.kgrams.take(pa.array(kc)).buffers()[2]
         return pa.Array.from_buffers(self.type, n, [bitmap, pa.py_buffer(offsets), data])
 
