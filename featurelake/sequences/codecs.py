@@ -188,8 +188,10 @@ class FixedCodec:
             _, dt, voff = self.layout[name]
             dt = dtypes.get(name, dt)
             n = pairs * self.c
-            out[name] = (empty((id(self), name, dt.str), n, dt),
-                         None if voff is None else empty((id(self), name, 1), n, np.bool_))
+            # buffers keyed by column and dtype, not by codec: a lookup's columns have distinct names, and
+            # every store opened (st.lookup opens one a call) reuses the same few buffers
+            out[name] = (empty(("pool", name, dt.str), n, dt),
+                         None if voff is None else empty(("pool-valid", name), n, np.bool_))
         return out
 
     def planes_used(self, grid: np.ndarray, name: str) -> int:
