@@ -236,3 +236,30 @@ def test_narrow_join_with_string_keys_matches_the_oracle(lake):
         view = st.view(key="user", time="t", columns=cols, max_len=2 * C, layout=layout, batch_keys=16)
         got = pa.Table.from_batches(list(samples.batches(batch_size=128, sequences={"hist": view}))).sort_by("rid")
         assert as_list(got["hist"].combine_chunks()).to_pylist() == want, layout
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_a_part_wider_than_the_parts_before_it_widens_the_pool(lake, threads):
+    """Users are fetched in key order: the first parts hold 1-byte values, a later one 8-byte values."""
+    rng = np.random.default_rng(31)
+    counts = rng.integers(C, 6 * C, 30)
+    user = np.repeat(np.arange(30, dtype=np.int64), counts)
+    a = rng.integers(0, 200, len(user))
+    wide = user >= 24
+    a[wide] = rng.integers(1 << 40, 1 << 50, int(wide.sum()))
+    schema = pa.schema([("user", pa.int64()), ("t", pa.int64()), ("a", pa.int64()), ("s4", pa.string())])
+    st = lake.create_sequence_table("ml.widen", schema, key="user", time="t")
+    st.append(pa.table({"user": user, "t": rng.integers(0, 1000, len(user)), "a": a,
+                        "s4": np.array(WORDS4, dtype=object)[rng.integers(0, 4, len(user))].tolist()}, schema=schema))
+    st.build(chunk_events=C)
+    stored = st.read()
+    store = st.open_store()
+    narrow_keys = as_array(pa.array(np.arange(24), pa.int64()), store.key_type)
+    store.lookup_stats(narrow_keys, None, ["a"], None, None, threads, 8)  # learns: a needs one byte
+    assert store._planes[(0, "a")] == 1
+    keys = list(range(30)) * 3
+    befores = rng.integers(0, 1100, len(keys)).tolist()
+    got, _ = store.lookup_stats(as_array(pa.array(keys, pa.int64()), store.key_type), befores, ["a", "s4"], 2 * C,
+                                None, threads, 8)
+    assert store._planes[(0, "a")] == 8
+    assert got.to_pylist() == oracle(stored, keys, befores, ["a", "s4"], 2 * C, key="user", time="t")

@@ -141,9 +141,11 @@ class SequenceStore:
         them before their next lookup. ``narrow``: integer columns come back
         in the bytes their values use (:meth:`FixedCodec.planes_used`), for
         callers that widen them (:meth:`FixedCodec.widen`) when they copy or
-        wrap them. A part is decoded as soon as its multi-get returns,
-        at the widths earlier lookups of this store needed; a part needing
-        more widens the batch's pools and every part is decoded again.
+        wrap them. A part is decoded as soon as its multi-get returns, at the
+        widths earlier lookups of this store needed; a part needing more
+        widens the batch's pool of that column (the slots decoded so far are
+        copied over) and the later parts decode at the new width. No part's
+        values outlive its decoding: their memory is reused, still in cache.
         """
         groups = sorted(names)
         keys = self.codec.chunk_keys(users, chunks, groups)
@@ -156,15 +158,12 @@ class SequenceStore:
         fixed = [g for g in groups if isinstance(self.codecs[g], FixedCodec)]
         empty = scratch_array if scratch else None
 
-        def planes(g: int, need: dict[str, int] | None = None) -> dict[str, np.dtype]:
+        def guessed(g: int) -> dict[str, np.dtype]:  # the widths the last lookup of this build needed
             cd = self.codecs[g]
-            if not narrow:
-                return {}
-            return {col: cd.narrow_dtype(col, need[col] if need else self._planes.get((g, col), 8)) for col in names[g]}
+            return {col: cd.narrow_dtype(col, self._planes.get((g, col), 8)) for col in names[g]} if narrow else {}
 
-        widths = {g: planes(g) for g in fixed}
         out: dict[int, Any] = {g: self.codecs[g].alloc(names[g] + partial.get(g, ([], None))[0], npairs, empty,
-                                                       widths[g]) for g in fixed}
+                                                       guessed(g)) for g in fixed}
 
         def decode(g: int, grid: np.ndarray, p0: int) -> int:
             cd = self.codecs[g]
@@ -185,26 +184,36 @@ class SequenceStore:
                 )
             return vals
 
-        def use(p0: int, vals: list[bytes]) -> tuple[dict, dict, list[Any], int, int, set[int]]:
-            grids, need, tables, decoded, nbytes, later = {}, {}, [], 0, 0, set()
+        seen: dict[int, dict[str, int]] = {g: {} for g in fixed}  # the most bytes a value needed, per column
+
+        def widen(g: int, col: str, planes: int, upto: int) -> None:
+            """Column ``col``'s pool at the dtype ``planes`` bytes need, its ``upto`` slots decoded so far kept."""
+            vals, valid = out[g][col]
+            dt = self.codecs[g].narrow_dtype(col, planes)
+            wider = empty(("pool", col, dt.str), len(vals), dt) if empty else np.empty(len(vals), dt)
+            wider[:upto] = vals[:upto]
+            out[g][col] = (wider, valid)
+
+        def use(p0: int, vals: list[bytes]) -> tuple[list[Any], int, int]:
+            tables, decoded, nbytes = [], 0, 0
             for gi, g in enumerate(groups):
                 cd = self.codecs[g]
                 part = vals[gi::ng] if ng > 1 else vals
                 if isinstance(cd, FixedCodec):
-                    grids[g] = grid = cd.grid(part)
+                    grid = cd.grid(part)
                     nbytes += grid.nbytes
-                    if narrow:
-                        need[g] = {col: cd.planes_used(grid, col) for col in names[g]}
-                    if all(need.get(g, {}).get(col, 0) <= out[g][col][0].itemsize for col in names[g]):
-                        decoded += decode(g, grid, p0)
-                    else:
-                        later.add(g)  # wider than this batch's pools: decoded once they are widened
+                    for col in names[g] if narrow else ():
+                        k = cd.planes_used(grid, col)
+                        seen[g][col] = max(seen[g].get(col, 1), k)
+                        if k > out[g][col][0].itemsize:  # wider than guessed: parts so far are in order below p0
+                            widen(g, col, k, p0 * cd.c)
+                    decoded += decode(g, grid, p0)  # the grid is dropped now: its memory is reused, still cached
                 else:
                     table = cd.decode(part, None, 0)
                     decoded += table.nbytes
                     nbytes += sum(map(len, part))
                     tables.append(table)
-            return grids, need, tables, nbytes, decoded, later
+            return tables, nbytes, decoded
 
         # Pool threads only multi-get (RocksDB runs without the GIL); this thread decodes each part as it
         # arrives, in order. Decoding in the pool threads too made them queue for the GIL between numpy
@@ -216,23 +225,16 @@ class SequenceStore:
             results = [use(p0, fut.result()) for p0, fut in zip(starts, futures)]
         else:
             results = [use(p0, get(p0)) for p0 in starts]
-        decoded = sum(r[4] for r in results)
-        for g in fixed if narrow else ():
-            need = {col: max(r[1][g][col] for r in results) for col in names[g]}
-            for col, k in need.items():
+        for g, needs in seen.items():
+            for col, k in needs.items():
                 self._planes[(g, col)] = k
-            if any(k > out[g][col][0].itemsize for col, k in need.items()):  # wider than guessed: decode again
-                out[g] = self.codecs[g].alloc(names[g] + partial.get(g, ([], None))[0], npairs, empty, planes(g, need))
-                for r, p0 in zip(results, starts):
-                    got = decode(g, r[0][g], p0)
-                    decoded += got if g in r[5] else 0  # (decoded_bytes counts each value once)
         ipc = [g for g in groups if not isinstance(self.codecs[g], FixedCodec)]
         for i, g in enumerate(ipc):
-            parts = [r[2][i] for r in results]
+            parts = [r[0][i] for r in results]
             out[g] = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-        stats["chunk_bytes"] += sum(r[3] for r in results)
+        stats["chunk_bytes"] += sum(r[1] for r in results)
         stats["chunk_values"] += len(keys)
-        stats["decoded_bytes"] += decoded
+        stats["decoded_bytes"] += sum(r[2] for r in results)
         return out
 
     # --------------------------------------------------------------- lookup
