@@ -86,7 +86,7 @@ def test_cached_list_view_join_across_batches(lake):
         flat = st.view(layout="list_view", **kw)
         cached = st.view(layout="list_view", cache_bytes=1 << 24, **kw)
         searched = st.view(layout="list_view", cache_bytes=1 << 24, **kw)
-        searched.cache.span = None  # as when the search keys would overflow: per-row binary search
+        searched.cache.grid.steps = 0  # no steps inside a time-grid cell: every row's cut is a binary search
         ref = list(samples.batches(batch_size=64, sequences={"hist": plain}))
         distinct = len({k for b in ref for k in b.column("user_id").to_pylist() if k is not None})
         for epoch in range(2):

@@ -55,7 +55,9 @@ The package is split by concept; this ``__init__`` re-exports the public face:
 * :mod:`featurelake.sequences.layout` -- column groups, codec planning and the
   per-user head and chunk records a build writes.
 * :mod:`featurelake.sequences.lookup` -- :class:`SequenceStore`: one build opened
-  for serving, and the conversion of keys, times and windows.
+  for serving, and the conversion of keys, times and windows;
+  :mod:`featurelake.sequences.gather` -- copying rows' ranges of events out of the
+  decoded chunks; :mod:`featurelake.sequences.strings` -- dictionary codes to strings.
 * :mod:`featurelake.sequences.store` -- the key-value interface, RocksDB behind it,
   and the key codec; :mod:`featurelake.sequences.codecs` -- the fixed and IPC chunk codecs;
   :mod:`featurelake.sequences.packed` -- the

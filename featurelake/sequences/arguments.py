@@ -44,6 +44,8 @@ def as_array(values: Any, t: pa.DataType) -> pa.Array:
 
 def times_to_int(arr: pa.Array, target: pa.DataType) -> tuple[np.ndarray, np.ndarray]:
     """Times as int64 in the target's unit, rounding up (no event at or after the time slips in)."""
+    if not arr.null_count and arr.type.equals(target) and (pa.types.is_timestamp(target) or target.equals(pa.int64())):
+        return arr.view(pa.int64()).to_numpy(), np.ones(len(arr), bool)  # already the store's form: no copy
     valid = (np.ones(len(arr), bool) if not arr.null_count
              else np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool))
     if pa.types.is_timestamp(target):

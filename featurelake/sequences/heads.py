@@ -9,6 +9,7 @@ index over chunk times is its own structure, also read by incremental builds.
 """
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -37,13 +38,17 @@ class Heads:
     def __init__(self, store: "SequenceStore", users: np.ndarray, threads: int, batch_keys: int, stats: dict) -> None:
         self.store, self.users, self.threads, self.batch_keys, self.stats = store, users, threads, batch_keys, stats
         c = store.chunk_events
-        raw = store.multi_get(store.codec.head_keys(users), threads, batch_keys)
-        if None in raw:  # users without a head (one C-level scan; no bytes value equals None)
-            lens = np.fromiter((len(h) >> 3 if h else 0 for h in raw), np.int64, len(raw))
+        keys = store.codec.head_keys(users)
+        cache = getattr(store, "head_cache", None)
+        if cache is None:
+            raw = store.multi_get(keys, threads, batch_keys)
         else:
-            lens = np.fromiter(map(len, raw), np.int64, len(raw)) >> 3
-        stats["head_bytes"] = int(lens.sum()) * 8
-        buf = np.frombuffer(b"".join(h for h in raw if h), "<i8")
+            raw, fetched = cache.get_many(keys, lambda ks: store.multi_get(ks, threads, batch_keys))
+        if None in raw:  # users without a head (one C-level scan; no bytes value equals None)
+            raw = [h or b"" for h in raw]
+        lens = np.fromiter(map(len, raw), np.int64, len(raw)) >> 3
+        stats["head_bytes"] = int(lens.sum()) * 8 if cache is None else fetched
+        buf = np.frombuffer(b"".join(raw), "<i8")
         hstart = np.zeros(len(users) + 1, np.int64)
         np.cumsum(lens, out=hstart[1:])
         present = lens > 0
@@ -62,13 +67,19 @@ class Heads:
         else:
             self.top = np.empty(0, np.int64)
 
-    def _pages(self, users: np.ndarray, pages: np.ndarray) -> list[bytes]:
-        """Head pages ``pages`` of the batch's users at ``users`` (positions), in one multi-get."""
-        vals = self.store.multi_get(self.store.codec.page_keys(self.users[users], pages), self.threads, self.batch_keys)
-        if None in vals:  # one C-level scan (no bytes value equals None)
+    def _pages(self, users: np.ndarray, pages: np.ndarray) -> tuple[list[bytes], int]:
+        """Head pages ``pages`` of the batch's users at ``users`` (positions), in one multi-get, and the bytes read."""
+        keys = self.store.codec.page_keys(self.users[users], pages)
+        cache = getattr(self.store, "head_cache", None)
+        if cache is None:
+            vals = self.store.multi_get(keys, self.threads, self.batch_keys)
+            fetched = -1
+        else:
+            vals, fetched = cache.get_many(keys, lambda ks: self.store.multi_get(ks, self.threads, self.batch_keys))
+        if None in vals or b"" in vals:  # one C-level scan each (a page is never empty)
             info = self.store.info
             raise CorruptFileError(f"sequence store {info.db_dir} lacks a head page (build {info.build_id})", info.db_dir)
-        return vals
+        return vals, (sum(map(len, vals)) if fetched < 0 else fetched)
 
     def first_times(self) -> list[np.ndarray | None]:
         """Per user: the first time of every chunk (all pages read), None for users without a head."""
@@ -78,7 +89,7 @@ class Heads:
             n_pages = -(-self.n_chunks[deep] // HEAD_FANOUT)
             pu = np.repeat(deep, n_pages)
             pp = np.arange(len(pu)) - np.repeat(np.cumsum(n_pages) - n_pages, n_pages)
-            vals = self._pages(pu, pp)
+            vals, _ = self._pages(pu, pp)
             at = 0
             for u, k in zip(deep, n_pages):
                 pages[int(u)] = np.frombuffer(b"".join(vals[at : at + k]), "<i8")
@@ -110,8 +121,8 @@ class Heads:
         page = j[deep] - 1
         codes, pinv = np.unique(q_user[deep].astype(np.int64) * (1 << 32) + page, return_inverse=True)
         pu, pp = codes >> 32, codes & 0xFFFFFFFF
-        vals = self._pages(pu, pp)
-        self.stats["head_bytes"] += sum(map(len, vals))
+        vals, fetched = self._pages(pu, pp)
+        self.stats["head_bytes"] += fetched
         # every page but a user's last holds HEAD_FANOUT times: pad the last, count row-wise
         full = 8 * f
         grid = np.frombuffer(b"".join(v if len(v) == full else v + _PAD[len(v) :] for v in vals), "<i8").reshape(-1, f)
@@ -119,6 +130,45 @@ class Heads:
         k = (grid[pinv] < q[deep][:, None]).sum(axis=1)  # >= 1: the page's first time is < q
         out[deep] = page * f + k - 1
         return out
+
+
+class HeadCache:
+    """Head values already read, by key, for the lookups of one :class:`~featurelake.sequences.join.SequenceView`.
+
+    Why: an epoch looks up every user many times (40 training rows a user in
+    the benchmarks), and a build never changes, so a user's head (event
+    count, chunk first times: ~72 bytes at 800 events) is read once per
+    view instead of once per batch: the head multi-get was a quarter of a
+    batch's keys. Users without a head are kept as ``b""``. Bounded by
+    ``max_bytes`` (cleared when full); thread-safe for the join workers.
+    """
+
+    def __init__(self, max_bytes: int = 64 << 20) -> None:
+        self.max_bytes = int(max_bytes)
+        self.values: dict[bytes, bytes] = {}
+        self.bytes = 0
+        self.lock = threading.Lock()
+
+    def get_many(self, keys: list[bytes], fetch) -> tuple[list[bytes], int]:
+        """The values of ``keys`` and the bytes read for them; ``fetch(missing keys) -> values`` reads those not kept."""
+        get = self.values.get
+        raw = [get(k) for k in keys]
+        if None not in raw:
+            return raw, 0
+        miss = [i for i, v in enumerate(raw) if v is None]
+        got = fetch([keys[i] for i in miss])
+        fetched = 0
+        for i, v in zip(miss, got):
+            raw[i] = v = v or b""
+            fetched += len(v)
+        with self.lock:
+            if self.bytes + fetched + 64 * len(miss) > self.max_bytes:
+                self.values.clear()
+                self.bytes = 0
+            for i in miss:
+                self.values[keys[i]] = raw[i]
+            self.bytes += fetched + 64 * len(miss)  # + the dictionary's own cost of a small entry (about)
+        return raw, fetched
 
 
 def _seg_search(pool: np.ndarray, run_start: np.ndarray, q_run: np.ndarray, q: np.ndarray) -> np.ndarray:

@@ -28,12 +28,16 @@ from featurelake.sequences.arguments import before_ints, parse_key_type, window_
 from featurelake.sequences.buildinfo import BUILD_FORMAT, DEFAULT_THREADS, READ_FORMATS, BuildInfo, SequenceBuildError
 from featurelake.sequences.layout import _int_times
 from featurelake.sequences.codecs import FixedCodec
+from featurelake.sequences.gather import RowRanges, scratch_array
+from featurelake.sequences.gather import ranges as _ranges
 from featurelake.sequences.heads import Heads
 from featurelake.sequences.store import READERS, KeyCodec, backend_from_dict
 
 DEFAULT_BATCH_KEYS = 512     # keys per multi-get call (RocksDB: 256-1024 beat bigger calls)
+COUNT_BLOCK = 16             # _count_below: times compared a block at a time
 PARALLEL_EVENTS = 1 << 16    # below this many events a lookup assembles its columns in the calling thread:
                              # handing work to a pool thread costs more than it saves (GIL hand-over)
+_PLANES: dict[str, dict[tuple[int, str], int]] = {}  # per store folder: SequenceStore._planes
 
 
 # ================================================================== reading
@@ -71,6 +75,10 @@ class SequenceStore:
         self._fields: dict[str, pa.Field] = {}
         self._types: dict[tuple, pa.DataType] = {}
         self.recorder: list[list[bytes]] | None = None  # set to a list to keep every key fetched (benchmarks)
+        self.head_cache: Any = None  # a HeadCache (featurelake.sequences.heads): set by views, whose stores are their own
+        # (group, column) -> bytes a value needed in the last lookup of this build (kept for the process: a lookup
+        # decodes at these widths first, see _fetch)
+        self._planes: dict[tuple[int, str], int] = _PLANES.setdefault(info.db_dir, {})
 
     # ------------------------------------------------------------- plumbing
     def check_columns(self, columns: Sequence[str] | None) -> list[str]:
@@ -119,7 +127,7 @@ class SequenceStore:
 
     def _fetch(self, users: np.ndarray, chunks: np.ndarray, names: dict[int, list[str]], threads: int,
                batch: int, stats: dict, partial: dict[int, tuple[list[str], np.ndarray]] | None = None,
-               scratch: bool = False) -> dict[int, Any]:
+               scratch: bool = False, narrow: bool = False) -> dict[int, Any]:
         """Chunks of (user, chunk) pairs for the groups in ``names``, fetched and decoded in parallel.
 
         Per group: fixed codec -> {column: (values, validity)} with
@@ -129,8 +137,15 @@ class SequenceStore:
         fixed-codec group to (columns, pair mask): those columns are decoded
         only for the pairs the mask selects (the time column, needed only
         where a row's list is cut). ``scratch``: decode into this thread's
-        reusable buffers (:func:`scratch_array`), for callers that copy out of them
-        before their next lookup.
+        reusable buffers (:func:`scratch_array`), for callers that copy out of
+        them before their next lookup. ``narrow``: integer columns come back
+        in the bytes their values use (:meth:`FixedCodec.planes_used`), for
+        callers that widen them (:meth:`FixedCodec.widen`) when they copy or
+        wrap them. A part is decoded as soon as its multi-get returns, at the
+        widths earlier lookups of this store needed; a part needing more
+        widens the batch's pool of that column (the slots decoded so far are
+        copied over) and the later parts decode at the new width. No part's
+        values outlive its decoding: their memory is reused, still in cache.
         """
         groups = sorted(names)
         keys = self.codec.chunk_keys(users, chunks, groups)
@@ -140,43 +155,79 @@ class SequenceStore:
         npairs = len(users)
         per_pairs = _part_size(npairs, max(1, batch // ng), threads)
         partial = partial or {}
-        out: dict[int, Any] = {}
-        for g in groups:
-            cd = self.codecs[g]
-            if isinstance(cd, FixedCodec):
-                out[g] = cd.alloc(names[g] + partial.get(g, ([], None))[0], npairs, scratch_array if scratch else None)
+        fixed = [g for g in groups if isinstance(self.codecs[g], FixedCodec)]
+        empty = scratch_array if scratch else None
 
-        def work(p0: int) -> tuple[list[Any], int, int]:
-            p1 = min(npairs, p0 + per_pairs)
-            vals = self.reader.multi_get(keys[p0 * ng : p1 * ng])
+        def guessed(g: int) -> dict[str, np.dtype]:  # the widths the last lookup of this build needed
+            cd = self.codecs[g]
+            return {col: cd.narrow_dtype(col, self._planes.get((g, col), 8)) for col in names[g]} if narrow else {}
+
+        out: dict[int, Any] = {g: self.codecs[g].alloc(names[g] + partial.get(g, ([], None))[0], npairs, empty,
+                                                       guessed(g)) for g in fixed}
+
+        def decode(g: int, grid: np.ndarray, p0: int) -> int:
+            cd = self.codecs[g]
+            decoded = cd.decode_into(grid, names[g], out[g], p0)
+            if g in partial:
+                cols, mask = partial[g]
+                rows = np.flatnonzero(mask[p0 : p0 + len(grid)])
+                if len(rows):
+                    decoded += cd.decode_into(grid, cols, out[g], p0, rows)
+            return decoded
+
+        def get(p0: int) -> list[bytes]:
+            vals = self.reader.multi_get(keys[p0 * ng : min(npairs, p0 + per_pairs) * ng])
             if None in vals:  # one C-level scan (no bytes value equals None)
                 raise CorruptFileError(
                     f"sequence store {self.info.db_dir} lacks a chunk its head lists (build {self.info.build_id})",
                     self.info.db_dir,
                 )
-            tables, decoded = [], 0
+            return vals
+
+        seen: dict[int, dict[str, int]] = {g: {} for g in fixed}  # the most bytes a value needed, per column
+
+        def widen(g: int, col: str, planes: int, upto: int) -> None:
+            """Column ``col``'s pool at the dtype ``planes`` bytes need, its ``upto`` slots decoded so far kept."""
+            vals, valid = out[g][col]
+            dt = self.codecs[g].narrow_dtype(col, planes)
+            wider = empty(("pool", col, dt.str), len(vals), dt) if empty else np.empty(len(vals), dt)
+            wider[:upto] = vals[:upto]
+            out[g][col] = (wider, valid)
+
+        def use(p0: int, vals: list[bytes]) -> tuple[list[Any], int, int]:
+            tables, decoded, nbytes = [], 0, 0
             for gi, g in enumerate(groups):
                 cd = self.codecs[g]
                 part = vals[gi::ng] if ng > 1 else vals
                 if isinstance(cd, FixedCodec):
                     grid = cd.grid(part)
-                    decoded += cd.decode_into(grid, names[g], out[g], p0)
-                    if g in partial:
-                        cols, mask = partial[g]
-                        rows = np.flatnonzero(mask[p0:p1])
-                        if len(rows):
-                            decoded += cd.decode_into(grid, cols, out[g], p0, rows)
+                    nbytes += grid.nbytes
+                    for col in names[g] if narrow else ():
+                        k = cd.planes_used(grid, col)
+                        seen[g][col] = max(seen[g].get(col, 1), k)
+                        if k > out[g][col][0].itemsize:  # wider than guessed: parts so far are in order below p0
+                            widen(g, col, k, p0 * cd.c)
+                    decoded += decode(g, grid, p0)  # the grid is dropped now: its memory is reused, still cached
                 else:
                     table = cd.decode(part, None, 0)
                     decoded += table.nbytes
+                    nbytes += sum(map(len, part))
                     tables.append(table)
-            return tables, sum(map(len, vals)), decoded
+            return tables, nbytes, decoded
 
+        # Pool threads only multi-get (RocksDB runs without the GIL); this thread decodes each part as it
+        # arrives, in order. Decoding in the pool threads too made them queue for the GIL between numpy
+        # calls, and the multi-gets with them (4 threads on 2 cores ran slower than one: measured).
         starts = range(0, npairs, per_pairs)
         if threads > 1 and npairs > per_pairs:
-            results = list(_pool(threads).map(work, starts))
+            pool = _pool(threads)
+            futures = [pool.submit(get, p0) for p0 in starts]
+            results = [use(p0, fut.result()) for p0, fut in zip(starts, futures)]
         else:
-            results = [work(s) for s in starts]
+            results = [use(p0, get(p0)) for p0 in starts]
+        for g, needs in seen.items():
+            for col, k in needs.items():
+                self._planes[(g, col)] = k
         ipc = [g for g in groups if not isinstance(self.codecs[g], FixedCodec)]
         for i, g in enumerate(ipc):
             parts = [r[0][i] for r in results]
@@ -230,9 +281,9 @@ class SequenceStore:
         fetched: dict[int, Any] = {}
         pool_events = 0
         if len(rows):
-            # the fetched pools are copied out below: they decode into reusable buffers
+            # the fetched pools are copied out below: they decode narrow, into reusable buffers
             lo[rows], hi[rows], delta[rows], fetched, counts = self._select(keys, rows, b, w, max_len, columns, threads,
-                                                                            batch_keys, stats, scratch=True)
+                                                                            batch_keys, stats, scratch=True, narrow=True)
             pool_events = int(counts.sum())
         lengths = hi - lo
         total = int(lengths.sum())
@@ -251,14 +302,13 @@ class SequenceStore:
 
     def _assemble(self, columns: list[str], fetched: dict[int, Any], pool_events: int, lo: np.ndarray,
                   delta: np.ndarray, lengths: np.ndarray, offsets: np.ndarray, threads: int) -> list[pa.Array]:
-        """Each row's events ``[lo, hi)`` copied out back to back, per column: one gather per column and row range.
+        """Each row's events ``[lo, hi)`` copied out back to back, per column (:class:`RowRanges`).
 
         A row's events are contiguous in the fetched pool (its pairs are one
-        user's consecutive chunks), so its source index is a ramp, built for
-        all rows with one cumsum (:func:`_ranges`). With ``threads`` > 1 and
-        enough events, row ranges are gathered side by side (numpy and Arrow
-        gathers release the GIL); dictionary-coded strings are decoded per
-        range and the ranges concatenated.
+        user's consecutive chunks). Narrowed pools are widened in the copy;
+        with ``threads`` > 1 and enough events, row ranges are copied side by
+        side (numpy and Arrow copies release the GIL); dictionary-coded
+        strings are decoded per range and the ranges concatenated.
         """
         fixed = {col: isinstance(self.codecs[self.group_of[col]], FixedCodec) for col in columns}
         total = int(offsets[-1])
@@ -266,11 +316,13 @@ class SequenceStore:
         src: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
         for col in columns:
             if fixed[col]:
+                cd = self.codecs[self.group_of[col]]
                 vals, ok = fetched[self.group_of[col]][col]
                 if ok is not None and np.count_nonzero(ok) == pool_events:
                     ok = None  # every fetched event is valid (padding slots are the only zeros): no validity to gather
                 src[col] = (vals, ok)
-                out[col] = (np.empty(total, vals.dtype), None if ok is None else np.empty(total, np.bool_))
+                if col not in cd.dictionaries:
+                    out[col] = (np.empty(total, cd.layout[col][1]), None if ok is None else np.empty(total, np.bool_))
         pieces = 1 if threads <= 1 or total < PARALLEL_EVENTS else threads
         bounds = np.searchsorted(offsets, np.linspace(0, total, pieces + 1)[1:-1])
         cuts = [0, *bounds.tolist(), len(lengths)]
@@ -280,25 +332,23 @@ class SequenceStore:
             r0, r1 = r
             a, b = int(offsets[r0]), int(offsets[r1])
             got: dict[str, pa.Array] = {}
-            if a == b:
-                return got
-            idx = ipc_idx = None
+            slots = RowRanges(src_fixed[r0:r1], lengths[r0:r1], b - a)
+            events = None
             for col in columns:
                 g = self.group_of[col]
                 if fixed[col]:
-                    if idx is None:
-                        idx = _ranges(src_fixed[r0:r1], lengths[r0:r1], b - a, scratch_array("ranges", b - a, np.int64))
                     vals, ok = src[col]
-                    ov, oo = out[col]
-                    np.take(vals, idx, out=ov[a:b], mode="clip")  # in range by construction; "raise" would copy
-                    if ok is not None:
-                        np.take(ok, idx, out=oo[a:b], mode="clip")
-                    if col in self.codecs[g].dictionaries:
-                        got[col] = self.codecs[g].to_arrow(col, ov[a:b], None if oo is None else oo[a:b])
+                    if col in out:
+                        ov, oo = out[col]
+                        slots.take(vals, ov[a:b])
+                        if ok is not None:
+                            slots.take(ok, oo[a:b])
+                    else:  # dictionary codes: strings of this range
+                        got[col] = self.codecs[g].to_arrow(col, slots.take(vals), None if ok is None else slots.take(ok))
                 else:
-                    if ipc_idx is None:
-                        ipc_idx = pa.array(_ranges(lo[r0:r1], lengths[r0:r1], b - a))
-                    got[col] = fetched[g].column(col).take(ipc_idx).combine_chunks()
+                    if events is None:
+                        events = pa.array(_ranges(lo[r0:r1], lengths[r0:r1], b - a))
+                    got[col] = fetched[g].column(col).take(events).combine_chunks()
             return got
 
         spans = [(r0, r1) for r0, r1 in zip(cuts[:-1], cuts[1:]) if offsets[r1] > offsets[r0]]
@@ -306,14 +356,15 @@ class SequenceStore:
         arrays = []
         for col in columns:
             got = [p[col] for p in parts if col in p]
-            if got:
-                arrays.append(got[0] if len(got) == 1 else pa.concat_arrays(got))
-            else:
+            if col in out:
                 vals, ok = out[col]
                 arrays.append(self.codecs[self.group_of[col]].to_arrow(col, vals, ok))
+            else:
+                arrays.append(got[0] if len(got) == 1 else pa.concat_arrays(got))
         return arrays
 
-    def _select(self, keys, rows, b, w, max_len, columns, threads, batch_keys, stats, scratch: bool = False):
+    def _select(self, keys, rows, b, w, max_len, columns, threads, batch_keys, stats, scratch: bool = False,
+                narrow: bool = False):
         """Per valid row: [lo, hi) into the pairs' events back to back, the offset of fixed-codec slots, the data,
         and each fetched pair's event count (the pool's layout)."""
         c = self.chunk_events
@@ -352,15 +403,10 @@ class SequenceStore:
 
         # the unique (user, chunk) pairs of the batch, in (user, chunk) order
         mn = m[need]
-        rep = np.repeat(need, mn)
-        step = np.arange(len(rep)) - np.repeat(np.cumsum(mn) - mn, mn)
-        codes = np.unique(inv[rep].astype(np.int64) * (1 << 32) + c_lo[rep] + step)
-        pair_user = codes >> 32
-        pair_chunk = codes & 0xFFFFFFFF
+        pair_user, pair_chunk, p_lo = _pairs(inv[need], c_lo[need], mn, heads.n_chunks)
         counts = np.minimum(c, n_events[pair_user] - pair_chunk * c)
-        pool_off = np.zeros(len(codes) + 1, np.int64)
+        pool_off = np.zeros(len(pair_user) + 1, np.int64)
         np.cumsum(counts, out=pool_off[1:])
-        p_lo = np.searchsorted(codes, inv[need].astype(np.int64) * (1 << 32) + c_lo[need])
         p_hi = p_lo + mn - 1
 
         # Times are needed only where a row's list is cut: its last pair (the cut at `before`:
@@ -373,7 +419,7 @@ class SequenceStore:
         partial = None
         win_rows = None
         if need_time:
-            cut_pairs = np.zeros(len(codes), bool)
+            cut_pairs = np.zeros(len(pair_user), bool)
             cut_pairs[p_hi] = True
             if c_win is not None:
                 win_rows = np.flatnonzero(c_win[need] >= c_lo[need])
@@ -383,7 +429,7 @@ class SequenceStore:
                     partial = {0: ([self.time], cut_pairs)}
                 else:
                     names[0].append(self.time)
-        fetched = self._fetch(users[pair_user], pair_chunk, names, threads, batch_keys, stats, partial, scratch)
+        fetched = self._fetch(users[pair_user], pair_chunk, names, threads, batch_keys, stats, partial, scratch, narrow)
 
         s = pool_off[p_lo]
         e = pool_off[p_hi + 1]
@@ -410,7 +456,7 @@ class SequenceStore:
         if isinstance(self.codecs[0], FixedCodec):
             return group0[self.time][0].astype(np.int64, copy=False).reshape(-1, c)
         tp = _int_times(group0.column(self.time))
-        grid = np.zeros(len(counts) * c, np.int64)
+        grid = np.full(len(counts) * c, np.iinfo(np.int64).max, np.int64)
         slots = np.repeat(np.arange(len(counts), dtype=np.int64) * c - pool_off[:-1], counts) + np.arange(len(tp))
         grid[slots] = tp
         return grid.reshape(-1, c)
@@ -419,12 +465,54 @@ class SequenceStore:
 def _count_below(times: np.ndarray, counts: np.ndarray, pairs: np.ndarray, bound: np.ndarray) -> np.ndarray:
     """Per query: how many of pair ``pairs[i]``'s events have a time below ``bound[i]`` (times sorted in a pair).
 
-    ``times`` is the (pairs, chunk_events) grid; a vectorized binary search
-    (log2(chunk_events) numpy steps over the queries, not a pass over every slot).
+    ``times`` is the (pairs, chunk_events) grid (slots past a pair's count
+    are ignored, whatever they hold). Two steps of a few numpy calls over
+    small gathers, not a binary search of log2(chunk_events) rounds: compare
+    with every ``BLOCK``-th time of the pair, then within the one block left.
     """
     c = times.shape[1]
-    start = pairs.astype(np.int64) * c
-    return bisect_left(times.reshape(-1), start, start + counts[pairs], bound) - start
+    if c % COUNT_BLOCK or c < 2 * COUNT_BLOCK:
+        start = pairs.astype(np.int64) * c
+        return bisect_left(times.reshape(-1), start, start + counts[pairs], bound) - start
+    flat = times.reshape(-1)
+    n = counts[pairs].astype(np.int64)
+    base = pairs.astype(np.int64)[:, None] * c
+    bound = bound[:, None]
+    last = np.arange(COUNT_BLOCK - 1, c, COUNT_BLOCK, dtype=np.int64)  # each block's last slot
+    below = (flat[base + last] < bound) & (last < n[:, None])
+    blocks = below.sum(axis=1)  # whole blocks below the bound (times are sorted: a prefix of the blocks)
+    slot = (blocks * COUNT_BLOCK)[:, None] + np.arange(COUNT_BLOCK, dtype=np.int64)
+    inside = (flat[base + np.minimum(slot, c - 1)] < bound) & (slot < n[:, None])
+    return blocks * COUNT_BLOCK + inside.sum(axis=1)
+
+
+def _pairs(users: np.ndarray, first: np.ndarray, count: np.ndarray, n_chunks: np.ndarray
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct (user, chunk) pairs that rows need, sorted, and each row's first pair.
+
+    Row ``i`` needs chunks ``first[i] .. first[i] + count[i] - 1`` of user
+    ``users[i]`` (a position into ``n_chunks``). Where the batch's users have
+    few chunks in all, the ranges are marked on a line of every chunk of
+    those users (two bincounts and a cumsum, no sort); users with long
+    histories fall back to one sort of the pairs rows name.
+    """
+    base = np.zeros(len(n_chunks) + 1, np.int64)
+    np.cumsum(n_chunks, out=base[1:])
+    space = int(base[-1])
+    named = int(count.sum())
+    start = base[users] + first
+    if space <= 4 * named + (1 << 16):
+        edges = np.bincount(start, minlength=space + 1) - np.bincount(start + count, minlength=space + 1)
+        needed = np.cumsum(edges[:space]) > 0
+        ids = np.flatnonzero(needed)
+        rank = np.cumsum(needed) - 1
+        p_first = rank[start]
+    else:
+        rep = np.repeat(start, count)
+        ids = np.unique(rep + (np.arange(named) - np.repeat(np.cumsum(count) - count, count)))
+        p_first = np.searchsorted(ids, start)
+    pair_user = np.searchsorted(base, ids, side="right") - 1
+    return pair_user, ids - base[pair_user], p_first
 
 
 def bisect_left(values: np.ndarray, lo: np.ndarray, hi: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -441,20 +529,6 @@ def bisect_left(values: np.ndarray, lo: np.ndarray, hi: np.ndarray, q: np.ndarra
     return lo
 
 
-def _ranges(starts: np.ndarray, lengths: np.ndarray, total: int, out: np.ndarray | None = None) -> np.ndarray:
-    """``concatenate([arange(s, s + n) for s, n in zip(starts, lengths)])`` in one cumsum (``total`` = sum of lengths),
-    into ``out`` (int64, ``total`` long) when given."""
-    nz = lengths > 0
-    s, n = starts[nz].astype(np.int64), lengths[nz].astype(np.int64)
-    step = np.empty(total, np.int64) if out is None else out
-    step.fill(1)
-    if len(s):
-        first = np.cumsum(n) - n
-        step[0] = s[0]
-        step[first[1:]] = s[1:] - (s[:-1] + n[:-1]) + 1
-    return np.cumsum(step, out=step)
-
-
 def _part_size(n: int, batch: int, threads: int) -> int:
     """Items per multi-get call: at most ``batch``, and a multiple of ``threads`` calls of equal size
     (6 calls on 4 threads take 2 rounds, the second half idle; 8 smaller ones fill both)."""
@@ -462,31 +536,6 @@ def _part_size(n: int, batch: int, threads: int) -> int:
         return max(1, batch)
     rounds = -(-n // (threads * batch))
     return max(1, -(-n // (rounds * threads)))
-
-
-SCRATCH_MAX_BYTES = 64 << 20  # larger arrays are not kept
-_SCRATCH = threading.local()
-
-
-def scratch_array(key: Any, n: int, dtype: Any) -> np.ndarray:
-    """An uninitialized array of ``n`` items, reusing this thread's buffer for ``key``.
-
-    Why: a lookup's decoded pools and gather indexes are tens of MB, dropped
-    as soon as the lists are copied out; fresh allocations of that size come
-    back from the OS as untouched pages, and faulting them in cost as much as
-    the numpy work on them (thousands of page faults a batch, measured).
-    The array is valid until this thread asks for ``key`` again; each thread
-    keeps at most one buffer per key, none over ``SCRATCH_MAX_BYTES``.
-    """
-    dt = np.dtype(dtype)
-    need = n * dt.itemsize
-    if need > SCRATCH_MAX_BYTES:
-        return np.empty(n, dt)
-    bufs = _SCRATCH.__dict__.setdefault("bufs", {})
-    buf = bufs.get(key)
-    if buf is None or buf.nbytes < need:
-        buf = bufs[key] = np.empty(need + need // 4, np.uint8)
-    return buf[:need].view(dt)
 
 
 _POOLS: dict[int, ThreadPoolExecutor] = {}
