@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -299,14 +300,15 @@ class Scan:
         futures = [pool.submit(self._load_layer, e) for e in wanted]
         return lambda: [f.result() for f in futures]
 
-    def _plan_layers(self, tasks: list[FileScanTask]) -> "tuple[list[tuple[Future, list[UpdateEntry]]], list[Callable[[], list]]]":
-        """Per task, a call returning its layers once :meth:`_feed_layers` loaded them; and what to feed.
+    def _plan_layers(self, tasks: list[FileScanTask]) -> "tuple[list[_LayerSlot], list[Callable[[], list]]]":
+        """Per task, a call returning its layers (:class:`_LayerSlot`), and the slots for :meth:`_feed_layers`.
 
         A data file whose update files cannot even be listed (a damaged state shard) gets a call that
         raises that error, so it fails (or is skipped under the budget) as its read would have.
         """
-        fed: list[tuple[Future, list[UpdateEntry]]] = []
+        slots: list[_LayerSlot] = []
         pendings: list[Callable[[], list]] = []
+        claims = threading.Lock()
         for t in tasks:
             try:
                 wanted = self._wanted(t.file.file_path)
@@ -318,30 +320,25 @@ class Scan:
             if not wanted:
                 pendings.append(_no_layers)
                 continue
-            future: Future = Future()
-            fed.append((future, wanted))
-            pendings.append(future.result)
-        return fed, pendings
+            slot = _LayerSlot(self, wanted, claims)
+            slots.append(slot)
+            pendings.append(slot.get)
+        return slots, pendings
 
-    def _feed_layers(self, plan: "list[tuple[Future, list[UpdateEntry]]]") -> None:
-        """Load each planned file's layers on this thread, in plan order, handing them over as they come.
+    def _feed_layers(self, slots: "list[_LayerSlot]") -> None:
+        """Load each planned file's layers on this thread, in plan order, while the reader threads
+        decode the data files (a first read: loading update files costs about as much as decoding
+        the base, and this thread would otherwise only wait). A reader thread that finishes its base
+        before this thread reached its file loads them itself (:meth:`_LayerSlot.get`).
 
-        The reader threads decode the data files meanwhile and wait on a file's future only
-        when its base columns are decoded (a first read: loading update files costs about as
-        much as decoding the base, and the calling thread would otherwise only wait). A load
-        that fails fails that file's read (its error, under the bad-file budget); a future left
-        unset when this thread is interrupted fails too, so no reader thread waits forever.
+        A load that fails fails that file's read (its error, under the bad-file budget); a slot left
+        unloaded when this thread is interrupted fails too, so no reader thread waits forever.
         """
         try:
-            for future, wanted in plan:
-                try:
-                    layers = [self._load_layer(e) for e in wanted]
-                except Exception as e:
-                    future.set_exception(e)
-                else:
-                    future.set_result(layers)
+            for slot in slots:
+                slot.load()
         finally:
-            _fail_unfed(plan)
+            _fail_unfed(slots)
 
     def _load_layer(self, entry: UpdateEntry) -> tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]:
         ids = tuple(i for i in entry.field_ids if i in self.read_ids)
@@ -383,16 +380,18 @@ class Scan:
         ok = False
         try:
             projected, columns, extra = readfiles.projection(pf, frozenset(ids), () if entry.dense else (POS_FIELD_ID,))
-            table = pf.read(columns=columns + extra, use_threads=readfiles.projected_bytes(pf, columns + extra) > THREADED_READ_BYTES)
+            # the file's size says whether Arrow's pool pays (the footer's per-column sizes cost a walk)
+            table = pf.read(columns=columns + extra, use_threads=(entry.bytes or 0) > THREADED_READ_BYTES)
             ok = True
         except (OSError, pa.ArrowInvalid) as e:
             raise CorruptFileError(f"file {path} is corrupt: {e}", path) from e
         finally:
             readfiles.release(lease, ok)
         try:
-            if any(c.num_chunks != 1 for c in table.columns):
-                table = table.combine_chunks()
             batches = table.to_batches()
+            if len(batches) != 1:  # several row groups (or none): one batch
+                table = table.combine_chunks()
+                batches = table.to_batches()
             raw = batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
             values = readfiles.conform_batch(raw, projected, requested, target)[0] if columns else readfiles.empty_batch(target, raw.num_rows)
         except (OSError, pa.ArrowInvalid) as e:
@@ -574,11 +573,54 @@ def _no_layers() -> list:
     return []
 
 
-def _fail_unfed(plan: "list[tuple[Future, list[UpdateEntry]]]") -> None:
-    """Fail the futures of ``plan`` left unset (the feeding thread was interrupted)."""
-    for future, _ in plan:
-        if not future.done():
-            future.set_exception(FeatureLakeError("the read was interrupted before this file's update layers were loaded"))
+class _LayerSlot:
+    """One data file's update layers, loaded once by whichever thread claims them first: the calling
+    thread feeding them in plan order, or the reader thread that needs them (:meth:`get`)."""
+
+    __slots__ = ("scan", "wanted", "claims", "claimed", "future")
+
+    def __init__(self, scan: Scan, wanted: list[UpdateEntry], claims: threading.Lock) -> None:
+        self.scan = scan
+        self.wanted = wanted
+        self.claims = claims  # one lock per read: claiming is a flag flip
+        self.claimed = False
+        self.future: Future = Future()
+
+    def _claim(self) -> bool:
+        with self.claims:
+            if self.claimed:
+                return False
+            self.claimed = True
+            return True
+
+    def load(self) -> None:
+        """Load the layers unless another thread claimed them; errors go to whoever waits on them."""
+        if not self._claim():
+            return
+        try:
+            layers = [self.scan._load_layer(e) for e in self.wanted]
+        except BaseException as e:  # whoever waits gets it; an interrupt still interrupts this thread
+            self.future.set_exception(e)
+            if not isinstance(e, Exception):
+                raise
+        else:
+            self.future.set_result(layers)
+
+    def get(self) -> list:
+        """The layers: loaded here when no thread has started on them yet, else waited for."""
+        self.load()
+        return self.future.result()
+
+    def fail(self) -> None:
+        """Fail the slot if no thread ever claimed it (the feeding thread was interrupted)."""
+        if self._claim():
+            self.future.set_exception(FeatureLakeError("the read was interrupted before this file's update layers were loaded"))
+
+
+def _fail_unfed(slots: "list[_LayerSlot]") -> None:
+    """Fail the slots nobody claimed (the feeding thread was interrupted: no reader waits forever)."""
+    for slot in slots:
+        slot.fail()
 
 
 _SCHEMAS = LRU(256)

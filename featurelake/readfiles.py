@@ -25,7 +25,6 @@ import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 import pyarrow as pa
@@ -137,25 +136,41 @@ class RemoteParquet:
         return fragment.to_batches(columns=columns, batch_size=batch_size, use_threads=use_threads)
 
 
-@dataclass(frozen=True)
 class Footer:
-    """What the reader derives from a file's footer, once per file."""
+    """What the reader derives from a file's footer, once per file.
 
-    metadata: pq.FileMetaData
-    schema: pa.Schema  # the file's Arrow schema, with field ids
-    key: bytes  # the schema serialized: files written by one writer share it (and their projections)
-    column_bytes: dict[str, int]  # decoded bytes per top-level column
+    ``column_bytes`` (decoded bytes per top-level column, a walk over every
+    column chunk) is computed on first use: a first read of a small update
+    file never asks for it, and the walk costs as much as decoding the file.
+    """
+
+    __slots__ = ("metadata", "schema", "key", "_column_bytes")
+
+    def __init__(self, metadata: pq.FileMetaData, schema: pa.Schema, key: bytes) -> None:
+        self.metadata = metadata
+        self.schema = schema  # the file's Arrow schema, with field ids
+        self.key = key  # the schema serialized: files written by one writer share it (and their projections)
+        self._column_bytes: dict[str, int] | None = None
 
     @staticmethod
     def of(metadata: pq.FileMetaData, schema: pa.Schema) -> "Footer":
-        sizes: dict[str, int] = {}
-        for i in range(metadata.num_row_groups):
-            rg = metadata.row_group(i)
-            for j in range(rg.num_columns):
-                col = rg.column(j)
-                top = col.path_in_schema.split(".", 1)[0]
-                sizes[top] = sizes.get(top, 0) + col.total_uncompressed_size
-        return Footer(metadata, schema, schema.serialize().to_pybytes(), sizes)
+        return Footer(metadata, schema, schema.serialize().to_pybytes())
+
+    @property
+    def column_bytes(self) -> dict[str, int]:
+        """Decoded bytes per top-level column."""
+        sizes = self._column_bytes
+        if sizes is None:
+            sizes = {}
+            metadata = self.metadata
+            for i in range(metadata.num_row_groups):
+                rg = metadata.row_group(i)
+                for j in range(rg.num_columns):
+                    col = rg.column(j)
+                    top = col.path_in_schema.split(".", 1)[0]
+                    sizes[top] = sizes.get(top, 0) + col.total_uncompressed_size
+            self._column_bytes = sizes
+        return sizes
 
 
 # Data and update files are immutable (new files get new names), so a footer parsed once serves every
