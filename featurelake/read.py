@@ -135,13 +135,24 @@ class Scan:
         self._io_key = readfiles.io_key(self.io)
         self._layer_schemas: dict[tuple[int, ...], Schema] = {}
         self._where: dict[str, tuple[pafs.FileSystem, str]] = {}
+        self._plain_local: pafs.FileSystem | None = None
 
     def _resolve(self, path: str) -> tuple[pafs.FileSystem, str]:
-        """(filesystem, path in it) of a data or update file, resolved once per scan (each costs a URL parse)."""
+        """(filesystem, path in it) of a data or update file, resolved once per scan (each costs a URL parse).
+
+        Once a plain absolute path resolved to the local filesystem (the FileIO's default scheme is
+        ``file``), every other one resolves the same way (pyiceberg: ``os.path.abspath`` of it): no parse.
+        """
         found = self._where.get(path)
         if found is None:
-            _, fs, fs_path = storage_of(self.io).resolve(path)
-            found = self._where[path] = (fs, fs_path)
+            if self._plain_local is not None and path.startswith("/"):
+                found = (self._plain_local, os.path.abspath(path))
+            else:
+                _, fs, fs_path = storage_of(self.io).resolve(path)
+                found = (fs, fs_path)
+                if path.startswith("/") and isinstance(fs, pafs.LocalFileSystem) and fs_path == os.path.abspath(path):
+                    self._plain_local = fs
+            self._where[path] = found
         return found
 
     # ------------------------------------------------------------- planning
@@ -574,47 +585,53 @@ def _no_layers() -> list:
 
 
 class _LayerSlot:
-    """One data file's update layers, loaded once by whichever thread claims them first: the calling
-    thread feeding them in plan order, or the reader thread that needs them (:meth:`get`)."""
+    """One data file's update layers, each loaded once by whichever thread claims it first: the
+    calling thread feeding them in plan order, or the reader thread that needs them (:meth:`get`).
 
-    __slots__ = ("scan", "wanted", "claims", "claimed", "future")
+    Claims are per update file, so a reader thread waits at most for the one file another thread
+    is decoding at that moment, never for a whole data file's worth queued behind it.
+    """
+
+    __slots__ = ("scan", "wanted", "claims", "claimed", "futures")
 
     def __init__(self, scan: Scan, wanted: list[UpdateEntry], claims: threading.Lock) -> None:
         self.scan = scan
         self.wanted = wanted
         self.claims = claims  # one lock per read: claiming is a flag flip
-        self.claimed = False
-        self.future: Future = Future()
+        self.claimed = [False] * len(wanted)
+        self.futures: list[Future] = [Future() for _ in wanted]
 
-    def _claim(self) -> bool:
+    def _claim(self, i: int) -> bool:
         with self.claims:
-            if self.claimed:
+            if self.claimed[i]:
                 return False
-            self.claimed = True
+            self.claimed[i] = True
             return True
 
     def load(self) -> None:
-        """Load the layers unless another thread claimed them; errors go to whoever waits on them."""
-        if not self._claim():
-            return
-        try:
-            layers = [self.scan._load_layer(e) for e in self.wanted]
-        except BaseException as e:  # whoever waits gets it; an interrupt still interrupts this thread
-            self.future.set_exception(e)
-            if not isinstance(e, Exception):
-                raise
-        else:
-            self.future.set_result(layers)
+        """Load the layers no other thread claimed; errors go to whoever waits on them."""
+        for i, entry in enumerate(self.wanted):
+            if not self._claim(i):
+                continue
+            try:
+                layer = self.scan._load_layer(entry)
+            except BaseException as e:  # whoever waits gets it; an interrupt still interrupts this thread
+                self.futures[i].set_exception(e)
+                if not isinstance(e, Exception):
+                    raise
+            else:
+                self.futures[i].set_result(layer)
 
     def get(self) -> list:
-        """The layers: loaded here when no thread has started on them yet, else waited for."""
+        """The layers, oldest first: those no thread has started on loaded here, the others waited for."""
         self.load()
-        return self.future.result()
+        return [f.result() for f in self.futures]
 
     def fail(self) -> None:
-        """Fail the slot if no thread ever claimed it (the feeding thread was interrupted)."""
-        if self._claim():
-            self.future.set_exception(FeatureLakeError("the read was interrupted before this file's update layers were loaded"))
+        """Fail the layers no thread ever claimed (the feeding thread was interrupted)."""
+        for i, future in enumerate(self.futures):
+            if self._claim(i):
+                future.set_exception(FeatureLakeError("the read was interrupted before this file's update layers were loaded"))
 
 
 def _fail_unfed(slots: "list[_LayerSlot]") -> None:
