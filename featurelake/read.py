@@ -6,9 +6,11 @@ each data file itself: base columns matched by Iceberg field id, the file's
 update layers applied in commit order (latest wins; featurelake.overlay),
 then the residual filter on merged values. Files are opened through
 featurelake.readfiles (footers, locations and decoded layers kept per file;
-process-wide reader threads), and plans are kept per snapshot and filter. Only projected
-columns are read, and update files that do not touch the projection are never
-opened.
+local files kept open, featurelake.openfiles; process-wide reader threads), and
+plans are kept per snapshot and filter. The update layers are loaded by
+featurelake.layerload (locally on the calling thread while the reader threads
+decode the data files). Only projected columns are read, and update files that
+do not touch the projection are never opened.
 
 Pruning may only use statistics that no update can have made stale
 (invariant 4): predicates on columns that have ever been updated are relaxed
