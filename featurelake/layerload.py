@@ -180,7 +180,9 @@ class LayerLoading:
         if not extra:
             raise CorruptFileError(f"update file {path} has no row positions (_pos)", path)
         column = raw.column(extra[0])
-        pos = column.to_numpy(zero_copy_only=False)
+        data = column.buffers()[1] if column.type == pa.int64() and not column.null_count else None
+        pos = (np.frombuffer(data, dtype=np.int64, count=column.offset + len(column))[column.offset:]
+               if data is not None else column.to_numpy(zero_copy_only=False))
         # the overlay finds a batch's rows by binary search: positions out of order would put values on wrong rows
         if column.null_count or (len(pos) > 1 and not bool(np.all(pos[1:] > pos[:-1]))) or (len(pos) and pos[0] < 0):
             raise CorruptFileError(f"update file {path} has row positions that are null, negative or out of order", path)

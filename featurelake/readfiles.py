@@ -308,6 +308,7 @@ def clear_caches() -> None:
     _FOOTERS.items.clear()
     LAYERS.clear()
     _PROJECTIONS.clear()
+    _PLANS.clear()
     openfiles.clear()
 
 
@@ -399,18 +400,37 @@ def conform_batch(
     Also returns the names of the columns decoded from the file (cast or not):
     their buffers belong to this read alone (columns of nulls may share one).
     """
-    by_id = {f.field_id: f.name for f in file_schema.fields}
-    columns, owned = [], []
+    plan, owned = _conform_plan(file_schema, requested, target)
+    columns = []
     try:
-        for field, arrow_field in zip(requested.fields, target):
-            name = by_id.get(field.field_id)
+        for name, arrow_field in plan:
             if name is None:
                 columns.append(pa.nulls(batch.num_rows, arrow_field.type))
                 continue
             col = batch.column(name)
             columns.append(col if col.type.equals(arrow_field.type) else col.cast(arrow_field.type))
-            owned.append(arrow_field.name)
-        return pa.RecordBatch.from_arrays(columns, schema=target), frozenset(owned)
+        return pa.RecordBatch.from_arrays(columns, schema=target), owned
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
         names = [f.name for f in file_schema.fields]
         return _to_requested_schema(requested, file_schema, batch.select(names), downcast_ns_timestamp_to_us=True), frozenset()
+
+
+_PLANS: dict = {}
+
+
+def _conform_plan(file_schema: Schema, requested: Schema, target: pa.Schema) -> "tuple[list[tuple[str | None, pa.Field]], frozenset[str]]":
+    """Per requested column, the file's column name holding its field id (None: not in the file) and
+    the target field; and the names decoded from the file. Worked out once per (file schema, request):
+    both are cached objects (projections are shared by every file of one writer, requests by a scan),
+    kept alive by the entry, so their ids cannot be reused while it stands."""
+    key = (id(file_schema), id(requested), id(target))
+    found = _PLANS.get(key)
+    if found is not None and found[0] is file_schema and found[1] is requested and found[2] is target:
+        return found[3], found[4]
+    by_id = {f.field_id: f.name for f in file_schema.fields}
+    plan = [(by_id.get(field.field_id), arrow_field) for field, arrow_field in zip(requested.fields, target)]
+    owned = frozenset(arrow_field.name for name, arrow_field in plan if name is not None)
+    if len(_PLANS) > 4096:
+        _PLANS.clear()
+    _PLANS[key] = (file_schema, requested, target, plan, owned)
+    return plan, owned
