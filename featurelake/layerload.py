@@ -38,9 +38,6 @@ POS_FIELD_ID = 2147483645  # Iceberg's reserved field id of the `_pos` metadata 
 THREADED_LAYER_BYTES = 1 << 20  # an update file decoded on Arrow's thread pool above this size (small ones: on one thread)
 REMOTE_THREADS = 16  # files in flight on an object store, where each read waits on latency, not on a core
 
-Layer = "tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]"
-
-
 class LayerLoading:
     """The update-layer half of a scan. Needs from the scan: ``state``, ``read_ids``, ``read_schema``,
     ``report``, ``_io_key``, ``_layer_schemas`` and the methods ``_resolve``, ``_open_leased``, ``_target``."""
