@@ -212,3 +212,54 @@ def test_a_missing_update_file_is_a_corrupt_file_error_on_the_concurrent_path(la
     readfiles.forget_files([bad])
     with pytest.raises(CorruptFileError, match="missing"):
         t.read(columns=["id", "a"])
+
+
+class _Interrupt(BaseException):
+    """Stands for a KeyboardInterrupt raised in the calling thread while it loads layers."""
+
+
+def test_an_interrupted_feed_leaves_no_reader_thread_waiting(lake, monkeypatch):
+    import threading
+
+    from featurelake.layerload import LayerLoading
+
+    rng = np.random.default_rng(13)
+    t, oracle, backfill = _build(lake, rng)
+    backfill("a", 0.2, pa.float32())
+    backfill("b", 0.2, pa.int64())
+    original = LayerLoading._load_layer
+    main = threading.get_ident()
+    calls = []
+
+    def interrupted(self, entry):
+        if threading.get_ident() == main:
+            calls.append(entry)
+            if len(calls) == 2:
+                raise _Interrupt()
+        return original(self, entry)
+
+    monkeypatch.setattr(LayerLoading, "_load_layer", interrupted)
+    readfiles.forget_files(_update_files(t))
+    with pytest.raises(_Interrupt):
+        t.read(columns=["id", "a", "b"])
+    monkeypatch.setattr(LayerLoading, "_load_layer", original)
+    # the reader threads finished (the shared pool serves the next read) and nothing half-loaded was kept
+    got = t.read(columns=["id", "a", "b"]).sort_by("id")
+    assert got.equals(oracle.table(["id", "a", "b"]).cast(got.schema))
+    readfiles.forget_files(_update_files(t))
+    got = t.read(columns=["id", "a", "b"]).sort_by("id")
+    assert got.equals(oracle.table(["id", "a", "b"]).cast(got.schema))
+
+
+def test_forget_files_takes_locations_in_any_spelling(lake):
+    from featurelake import openfiles
+
+    rng = np.random.default_rng(17)
+    t, _, backfill = _build(lake, rng)
+    backfill("a", 0.2, pa.float32())
+    t.read(columns=["id", "a"])
+    files = _update_files(t)
+    assert any(openfiles.idle_count(p) for p in files)
+    readfiles.forget_files(["file://" + p for p in files])
+    assert not any(openfiles.idle_count(p) for p in files)
+    assert not any(readfiles._names_path(k, set(files)) for k in readfiles.LAYERS.items)
