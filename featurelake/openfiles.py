@@ -38,6 +38,10 @@ MAX_IDLE = int(os.environ.get("FEATURELAKE_OPEN_READERS", "256"))
 FileKey = tuple  # (path, size, mtime_ns, inode)
 
 
+class FileChangedError(OSError):
+    """The file at a path is not the version the caller stat'ed (replaced in between): stat it again."""
+
+
 class OpenFile:
     """One opened local Parquet file: its handle and its ``pq.ParquetFile`` (footer parsed).
 
@@ -92,6 +96,9 @@ def checkout(key: FileKey, opener: Callable[[pa.NativeFile], pq.ParquetFile]) ->
         epoch = _epoch(path)
     handle = pa.OSFile(path)
     try:
+        st = os.fstat(handle.fileno())
+        if (st.st_size, st.st_mtime_ns, st.st_ino) != key[1:]:  # replaced between the caller's stat and this open
+            raise FileChangedError(f"{path} changed while it was being opened")
         parquet = opener(handle)
     except BaseException:
         handle.close()
@@ -129,8 +136,12 @@ def checkin(reader: OpenFile) -> None:
 
 
 def discard(reader: OpenFile) -> None:
-    """Close a checked-out reader that must not be reused (its read failed: the file may be damaged)."""
-    reader.close()
+    """Drop a checked-out reader that must not be reused (its read failed, or was abandoned half-way).
+
+    Not closed here: a batch reader left half-read may still have reads in flight on Arrow's I/O
+    threads; the handle closes when the last of them lets it go.
+    """
+    del reader
 
 
 def _epoch(path: str) -> tuple[int, int]:

@@ -225,3 +225,16 @@ def test_a_deleted_file_through_storage_is_forgotten(tmp_path, lake):
     assert openfiles.idle_count(victim) == 1
     storage_of(t.iceberg.io).delete(victim)
     assert openfiles.idle_count(victim) == 0
+
+
+def test_a_file_replaced_between_stat_and_open_is_never_read_under_the_old_key(tmp_path):
+    path = str(tmp_path / "a.parquet")
+    _write(path, 100, 1)
+    stale = openfiles.file_key(path)
+    other = str(tmp_path / "b.parquet")
+    replaced = _write(other, 300, 2)
+    os.replace(other, path)
+    with pytest.raises(openfiles.FileChangedError):
+        readfiles.open_local(path, stale)
+    assert openfiles.idle_count(path) == 0
+    assert _read(path).equals(replaced)  # a fresh stat opens the new version
