@@ -20,9 +20,9 @@ shuffles the readers' order (seeded per repetition) and a short read (under
 SHORT_READ_S) runs SHORT_ROUNDS rounds in that order and its reverse
 (ABBA), so no reader always runs first or last; rates use the best run of
 each reader. The first-read reader (``featurelake_cold_layers``) forgets
-everything derived from the snapshot's update files before each read
-(decoded layers, footers, kept-open readers: ``readfiles.forget_files``), as
-a first read of a snapshot finds them.
+everything derived from the snapshot's update files right before each read,
+untimed (decoded layers, footers, kept-open readers:
+``readfiles.forget_files``), as a first read of a snapshot finds them.
 
 Peers (at 0 layers): featurelake vs Lance (``pylance``, the same rows) vs a
 pyarrow dataset scan of the same Parquet files, full table, 5 columns, and
