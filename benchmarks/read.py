@@ -15,8 +15,14 @@ f000, f001 and one never-updated feature) are read with featurelake. For the
 same state a zero-copy branch is compacted (``t.compact(branch=...)``: update
 files folded into rewritten data files) and read three ways: featurelake,
 plain ``ice.scan().to_arrow()``, and ``pyarrow.parquet.read_table`` of the
-same data files (the floor). Repetitions are interleaved (the readers' order
-rotates each repetition); rates use the best run of each reader.
+same data files (the floor). Repetitions are interleaved: each repetition
+shuffles the readers' order (seeded per repetition) and a short read (under
+SHORT_READ_S) runs SHORT_ROUNDS rounds in that order and its reverse
+(ABBA), so no reader always runs first or last; rates use the best run of
+each reader. The first-read reader (``featurelake_cold_layers``) forgets
+everything derived from the snapshot's update files right before each read,
+untimed (decoded layers, footers, kept-open readers:
+``readfiles.forget_files``), as a first read of a snapshot finds them.
 
 Peers (at 0 layers): featurelake vs Lance (``pylance``, the same rows) vs a
 pyarrow dataset scan of the same Parquet files, full table, 5 columns, and
@@ -27,6 +33,7 @@ vs the codec on every column.
 from __future__ import annotations
 
 import os
+import random
 from typing import Any, Callable
 
 import numpy as np
@@ -61,6 +68,8 @@ CHECKPOINTS = (0, 1, 5, 20)
 SPARSE_FRACTION = 0.10
 SPARSE_COLUMNS = ("f000", "f001", "f002")
 GOAL_LAYERED = 0.7
+SHORT_READ_S = 0.1  # a read faster than this is timed SHORT_ROUNDS times per repetition
+SHORT_ROUNDS = 5
 GOAL_VS_PYICEBERG = 1.0
 
 
@@ -155,6 +164,12 @@ def run(cfg: Config) -> dict[str, Any]:
             profile = {}
             for label, ref in ((f"{k} layers", "main"), (f"compacted {k}-layer state", f"compacted_{k}")):
                 _, profile[f"featurelake sequential read, {label}"] = profile_summary(lambda ref=ref: _sequential_read(t, ref))
+            # the first read of the projection: what loading the update files costs (forgotten first, untimed)
+            from featurelake import readfiles
+
+            readfiles.forget_files(sorted({e.update_file for e in t.scan().state.entries()}))
+            _, profile[f"featurelake sequential first read (projected), {k} layers"] = profile_summary(
+                lambda: _sequential_read(t, "main", projection))
             ice = t.iceberg
             snap = ice.metadata.refs[f"compacted_{k}"].snapshot_id
             _, profile[f"pyiceberg read, compacted {k}-layer state"] = profile_summary(lambda: ice.scan(snapshot_id=snap).to_arrow())
@@ -175,8 +190,12 @@ def run(cfg: Config) -> dict[str, Any]:
             "goal verdicts use the _paired ratios: the median over repetitions of the two readers' times in that repetition "
             "(read back to back, so drifting load on the shared machine cancels); ratios without _paired use the best run of each",
             "featurelake reads with Table.read (files read in parallel); pyarrow floor = pq.read_table(list of data files)",
-            "featurelake keeps decoded update layers across reads (FEATURELAKE_LAYER_CACHE_MB); featurelake_cold_layers "
-            "clears them before each read, as a first read of a snapshot finds them",
+            "featurelake keeps decoded update layers, footers and open readers across reads (FEATURELAKE_LAYER_CACHE_MB, "
+            "FEATURELAKE_OPEN_READERS); featurelake_cold_layers (the first read) forgets all of it for every update file "
+            "of the snapshot right before each read, untimed (readfiles.forget_files), as a first read of a snapshot finds them; "
+            "schema projections (shared by every file of one writer's schema) stay cached",
+            f"each repetition shuffles the readers' order (seeded); reads under {SHORT_READ_S} s run {SHORT_ROUNDS} rounds "
+            "per repetition, alternately in that order and its reverse (ABBA); runs pair up by round",
         ],
     }
     if profile:
@@ -208,11 +227,13 @@ def _measure(t, layers: int, projection: list[str], cfg: Config) -> dict[str, An
     cp["compacted_data_files"] = len(paths)
 
     readers: dict[str, dict[str, Callable[[], pa.Table]]] = {"full": {}, "projected": {}}
+    # everything derived from the update files (decoded layers, footers, open readers) forgotten
+    # before each first read, as a first read of the snapshot finds them
+    update_files = sorted({e.update_file for e in t.scan().state.entries()})
     for mode, cols in (("full", None), ("projected", projection)):
         if layers > 0:
             readers[mode]["featurelake"] = lambda cols=cols: t.read(columns=cols)
-            # the same read with no decoded layer kept from the previous one (a first read of a snapshot)
-            readers[mode]["featurelake_cold_layers"] = lambda cols=cols: (readfiles.LAYERS.clear(), t.read(columns=cols))[1]
+            readers[mode]["featurelake_cold_layers"] = lambda cols=cols: t.read(columns=cols)
         readers[mode]["compacted_featurelake"] = lambda cols=cols: t.read(columns=cols, branch=branch)
         if cols is None:
             readers[mode]["compacted_pyiceberg"] = lambda: ice.scan(snapshot_id=compacted_snapshot).to_arrow()
@@ -223,10 +244,12 @@ def _measure(t, layers: int, projection: list[str], cfg: Config) -> dict[str, An
 
     timings = {mode: {name: Timing() for name in rs} for mode, rs in readers.items()}
     planning = {"featurelake": Timing(), "pyiceberg": Timing()}
+    # untimed, right before each first read (forgetting is the set-up, not the read)
+    prepare = {"featurelake_cold_layers": lambda: readfiles.forget_files(update_files)}
+    short = {mode: _is_short(rs, prepare) for mode, rs in readers.items()}
     for rep in range(cfg.repeat):
         for mode, rs in readers.items():
-            for name in _rotated(list(rs), rep):
-                timed(rs[name], timings[mode][name])
+            _interleaved(rs, timings[mode], cfg.seed, rep, short[mode], prepare=prepare)
         # fixed cost of a read before any data file is opened: catalog load, state, manifests
         timed(lambda: t.scan(branch=branch).tasks(), planning["featurelake"])
         timed(lambda: list(t.iceberg.scan(snapshot_id=compacted_snapshot).plan_files()), planning["pyiceberg"])
@@ -307,18 +330,47 @@ def peers(t, cfg: Config) -> dict[str, Any]:
             },
         }
         timings = {mode: {name: Timing() for name in rs} for mode, rs in readers.items()}
+        short = {mode: _is_short(rs) for mode, rs in readers.items()}
         for rep in range(cfg.repeat):
             for mode, rs in readers.items():
-                for name in _rotated(list(rs), rep):
-                    _, n = timed(rs[name], timings[mode][name])
-                    if n != rows:
-                        raise AssertionError(f"{mode} {name} read {n} rows, expected {rows}")
+                _interleaved(rs, timings[mode], cfg.seed, rep, short[mode], expect_rows=rows)
     out: dict[str, Any] = {"columns": cols, "lance_version": lance.__version__}
     for mode, ts in timings.items():
         out[mode] = {name: {**tm.as_dict(), "rows_per_s": round(rows / tm.best)} for name, tm in ts.items()}
         out[mode]["featurelake_over_pyarrow_paired"] = paired_ratio(ts["pyarrow_dataset"], ts["featurelake"])
         out[mode]["featurelake_over_lance_paired"] = paired_ratio(ts["lance"], ts["featurelake"])
     return out
+
+
+def _is_short(readers: dict[str, Callable[[], Any]], prepare: dict[str, Callable[[], Any]] | None = None) -> bool:
+    """Whether every reader of a mode takes under SHORT_READ_S (one untimed warm-up call each)."""
+    longest = 0.0
+    for name, fn in readers.items():
+        if prepare and name in prepare:
+            prepare[name]()
+        dt, _ = timed(fn)
+        longest = max(longest, dt)
+    return longest < SHORT_READ_S
+
+
+def _interleaved(
+    readers: dict[str, Callable[[], Any]], timings: dict[str, Timing], seed: int, rep: int, short: bool,
+    expect_rows: int | None = None, prepare: dict[str, Callable[[], Any]] | None = None,
+) -> None:
+    """One repetition: the readers in an order shuffled for this repetition (seeded), SHORT_ROUNDS
+    rounds for short reads, every other round in reverse (ABBA): a pair of readers is timed back to
+    back in each round, and no reader always runs first (after the previous mode's largest read was
+    freed) or always last. Every round adds one run per reader, so runs pair up by index.
+    ``prepare[name]`` runs untimed right before each run of that reader."""
+    order = list(readers)
+    random.Random(seed * 7919 + rep).shuffle(order)
+    for r in range(SHORT_ROUNDS if short else 1):
+        for name in order if r % 2 == 0 else order[::-1]:
+            if prepare and name in prepare:
+                prepare[name]()
+            _, n = timed(readers[name], timings[name])
+            if expect_rows is not None and n != expect_rows:
+                raise AssertionError(f"{name} read {n} rows, expected {expect_rows}")
 
 
 def _rotated(names: list[str], rep: int) -> list[str]:
@@ -378,8 +430,8 @@ def writer_settings(cfg: Config) -> dict[str, Any]:
     return out
 
 
-def _sequential_read(t, ref: str) -> list[pa.RecordBatch]:
-    scan = t.scan(branch=ref)
+def _sequential_read(t, ref: str, columns: list[str] | None = None) -> list[pa.RecordBatch]:
+    scan = t.scan(columns=columns, branch=ref)
     return [b for task in scan.tasks() for b in scan.read_file(task)]
 
 

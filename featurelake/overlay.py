@@ -4,7 +4,8 @@ A layer is (entry, positions or None for dense, values): the newest layer
 wins per row. Per column the layers are reduced once to what can show: the
 newest dense layer (everything older lies under it) and the sparse layers
 above it, each cut to the rows of the batch (one ``searchsorted`` per layer,
-shared by its columns).
+shared by its columns; none when the whole layer falls in the batch, as in
+a whole-file read: its positions and values are used as they are).
 
 * Columns no layer touches pass through untouched (no copy).
 * A dense layer on top replaces the column outright: a zero-copy slice of it.
@@ -56,6 +57,15 @@ def apply_layers(
         if pos is None:  # dense: the layer holds every row of the file, in order; older layers no longer show
             for ci, vi in touched:
                 per_column[ci] = [(None, values.column(vi).slice(start, n))]
+            continue
+        if not len(pos):
+            continue
+        if pos[0] >= start and pos[-1] < end:
+            # the whole layer falls in this batch (a whole-file read): its positions and values as they are,
+            # no search and no slices
+            local = pos - start if start else pos
+            for ci, vi in touched:
+                per_column.setdefault(ci, []).append((local, values.column(vi)))
             continue
         lo, hi = np.searchsorted(pos, [start, end])
         if lo == hi:

@@ -6,9 +6,11 @@ each data file itself: base columns matched by Iceberg field id, the file's
 update layers applied in commit order (latest wins; featurelake.overlay),
 then the residual filter on merged values. Files are opened through
 featurelake.readfiles (footers, locations and decoded layers kept per file;
-process-wide reader threads), and plans are kept per snapshot and filter. Only projected
-columns are read, and update files that do not touch the projection are never
-opened.
+local files kept open, featurelake.openfiles; process-wide reader threads), and
+plans are kept per snapshot and filter. The update layers are loaded by
+featurelake.layerload (locally on the calling thread while the reader threads
+decode the data files). Only projected columns are read, and update files that
+do not touch the projection are never opened.
 
 Pruning may only use statistics that no update can have made stale
 (invariant 4): predicates on columns that have ever been updated are relaxed
@@ -36,11 +38,12 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask
 from pyiceberg.table.snapshots import Snapshot
 
-from featurelake import readfiles
+from featurelake import openfiles, readfiles
 from featurelake.columns import is_hidden, original_name
 from featurelake.errors import CorruptFileError, FeatureLakeError, SchemaMismatchError
 from featurelake.filters import bind_filter, referenced_ids, relax_stale
 from featurelake.guard import manifest_errors
+from featurelake.layerload import POS_FIELD_ID, REMOTE_THREADS, LayerLoading, fail_unfed
 from featurelake.overlay import apply_layers
 from featurelake.schema import LOCATOR_FILE, LOCATOR_POS, arrow_schema
 from featurelake.lru import LRU
@@ -54,12 +57,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-POS_FIELD_ID = 2147483645  # Iceberg's reserved field id of the `_pos` metadata column
 DEFAULT_BATCH = 65_536
 _TRANSIENT_RETRIES = 3
 WHOLE_FILE_BYTES = 64 << 20  # streaming reads decode a file's projection in one go below this size
 THREADED_READ_BYTES = 1 << 20  # a file's projection decoded on Arrow's thread pool above this size (small update files: on one thread)
-REMOTE_THREADS = 16  # files in flight on an object store, where each read waits on latency, not on a core
 
 
 @dataclass
@@ -74,7 +75,7 @@ class ReadReport:
     seconds: float = 0.0
 
 
-class Scan:
+class Scan(LayerLoading):
     """One snapshot-consistent read of a table: plan once, then read files."""
 
     def __init__(
@@ -134,13 +135,24 @@ class Scan:
         self._io_key = readfiles.io_key(self.io)
         self._layer_schemas: dict[tuple[int, ...], Schema] = {}
         self._where: dict[str, tuple[pafs.FileSystem, str]] = {}
+        self._plain_local: pafs.FileSystem | None = None
 
     def _resolve(self, path: str) -> tuple[pafs.FileSystem, str]:
-        """(filesystem, path in it) of a data or update file, resolved once per scan (each costs a URL parse)."""
+        """(filesystem, path in it) of a data or update file, resolved once per scan (each costs a URL parse).
+
+        Once a plain absolute path resolved to the local filesystem (the FileIO's default scheme is
+        ``file``), every other one resolves the same way (pyiceberg: ``os.path.abspath`` of it): no parse.
+        """
         found = self._where.get(path)
         if found is None:
-            _, fs, fs_path = storage_of(self.io).resolve(path)
-            found = self._where[path] = (fs, fs_path)
+            if self._plain_local is not None and path.startswith("/"):
+                found = (self._plain_local, os.path.abspath(path))
+            else:
+                _, fs, fs_path = storage_of(self.io).resolve(path)
+                found = (fs, fs_path)
+                if path.startswith("/") and isinstance(fs, pafs.LocalFileSystem) and fs_path == os.path.abspath(path):
+                    self._plain_local = fs
+            self._where[path] = found
         return found
 
     # ------------------------------------------------------------- planning
@@ -179,24 +191,38 @@ class Scan:
 
     # --------------------------------------------------------------- reading
     def _open(self, path: str, size: int | None = None) -> "pq.ParquetFile | readfiles.RemoteParquet":
-        """An open data or update file; its footer parsed once per process (:func:`readfiles.open_local`, :meth:`readfiles.RemoteParquet.of`)."""
+        """An open data or update file for the caller to keep (footers, row-group counts): a local
+        one is a reader of its own, never handed to another read (see :meth:`_open_leased`)."""
+        return self._open_leased(path, size)[0]
+
+    def _open_leased(
+        self, path: str, size: int | None = None, key: tuple | None = None
+    ) -> "tuple[pq.ParquetFile | readfiles.RemoteParquet, openfiles.OpenFile | None]":
+        """An open data or update file and, for a local file, the lease to give back with
+        :func:`readfiles.release` (its reader is kept open for the next read: featurelake.openfiles).
+
+        The footer is parsed once per process (:func:`readfiles.open_local`, :meth:`readfiles.RemoteParquet.of`);
+        ``key`` is a local file's :func:`openfiles.file_key` when the caller just took it.
+        """
         attempt = 0
         while True:
             try:
                 fs, fs_path = self._resolve(path)
                 if isinstance(fs, pafs.LocalFileSystem):
-                    return readfiles.open_local(fs_path)
+                    lease = readfiles.open_local(fs_path, key)
+                    return lease.parquet, lease
                 if size and size <= SMALL_OBJECT_BYTES:  # footer and columns in one GET, not two
                     pf = pq.ParquetFile(open_remote(fs, fs_path, size, SMALL_OBJECT_BYTES))
                 elif size:
-                    return readfiles.RemoteParquet.of(fs, fs_path, size, self._io_key)
+                    return readfiles.RemoteParquet.of(fs, fs_path, size, self._io_key), None
                 else:  # pre-buffering coalesces reads on object storage
                     pf = pq.ParquetFile(self.io.new_input(path).open(), pre_buffer=True)
                 pf.footer = readfiles.Footer.of(pf.metadata, pf.schema_arrow)
-                return pf
+                return pf, None
             except FileNotFoundError as e:
                 raise CorruptFileError(f"file {path} is missing", path) from e
             except (pa.ArrowInvalid, OSError) as e:
+                key = None
                 if size:  # missing, or a size recorded wrong: open it the plain way, which tells which
                     size = None
                     continue
@@ -219,31 +245,43 @@ class Scan:
         groups that overlap it. ``size`` (bytes, from the plan or the platform
         state) saves an object store the request asking for it.
         """
-        pf = self._open(path, size)
-        projected, columns, extra = readfiles.projection(pf, frozenset(f.field_id for f in requested.fields), tuple(extra_ids))
-        target = self._target(requested)
-        if not columns and not extra:
-            lo, hi = rows if rows is not None else (0, pf.metadata.num_rows)
-            step = batch_size or (hi - lo) or 1
-            for start in range(lo, hi, step):
-                yield readfiles.empty_batch(target, min(step, hi - start)), None, frozenset()
-            return
+        pf, lease = self._open_leased(path, size)
+        ok = False
         try:
-            if rows is not None:
-                batches = readfiles.row_range(pf, rows, batch_size or self.batch_size, columns + extra)
-            elif batch_size == 0 or (batch_size is None and readfiles.projected_bytes(pf, columns + extra) <= WHOLE_FILE_BYTES):
-                # the whole file at once: Arrow decodes its column chunks in parallel, and one
-                # read of a small projection is twice as fast as iterating it batch by batch.
-                # Below a few MB, handing column chunks to Arrow's pool costs more than decoding them.
-                threaded = readfiles.projected_bytes(pf, columns + extra) > THREADED_READ_BYTES
-                batches = pf.read(columns=columns + extra, use_threads=threaded).to_batches()
-            else:
-                batches = pf.iter_batches(batch_size=batch_size or self.batch_size, columns=columns + extra, use_threads=True)
-            for batch in batches:
-                converted, owned = readfiles.conform_batch(batch, projected, requested, target) if columns else (readfiles.empty_batch(target, batch.num_rows), frozenset())
-                yield converted, batch.select(extra) if extra else None, owned
-        except (OSError, pa.ArrowInvalid) as e:
-            raise CorruptFileError(f"file {path} is corrupt: {e}", path) from e
+            projected, columns, extra = readfiles.projection(pf, frozenset(f.field_id for f in requested.fields), tuple(extra_ids))
+            target = self._target(requested)
+            if not columns and not extra:
+                lo, hi = rows if rows is not None else (0, pf.metadata.num_rows)
+                readfiles.release(lease)
+                lease = None
+                step = batch_size or (hi - lo) or 1
+                for start in range(lo, hi, step):
+                    yield readfiles.empty_batch(target, min(step, hi - start)), None, frozenset()
+                return
+            try:
+                if rows is not None:
+                    batches = readfiles.row_range(pf, rows, batch_size or self.batch_size, columns + extra)
+                elif batch_size == 0 or (batch_size is None and readfiles.projected_bytes(pf, columns + extra) <= WHOLE_FILE_BYTES):
+                    # the whole file at once: Arrow decodes its column chunks in parallel, and one
+                    # read of a small projection is twice as fast as iterating it batch by batch.
+                    # Below a few MB, handing column chunks to Arrow's pool costs more than decoding them.
+                    threaded = readfiles.projected_bytes(pf, columns + extra) > THREADED_READ_BYTES
+                    table = pf.read(columns=columns + extra, use_threads=threaded)
+                    readfiles.release(lease)  # decoded: the file's reader is free for the next read
+                    lease = None
+                    batches = table.to_batches()
+                else:
+                    batches = pf.iter_batches(batch_size=batch_size or self.batch_size, columns=columns + extra, use_threads=True)
+                for batch in batches:
+                    converted, owned = readfiles.conform_batch(batch, projected, requested, target) if columns else (readfiles.empty_batch(target, batch.num_rows), frozenset())
+                    yield converted, batch.select(extra) if extra else None, owned
+            except (OSError, pa.ArrowInvalid) as e:
+                raise CorruptFileError(f"file {path} is corrupt: {e}", path) from e
+            ok = True
+        finally:
+            # a failed or abandoned read drops its reader (the file may be damaged; a batch reader
+            # left half-read may still hold it); a finished one gives it back
+            readfiles.release(lease, ok)
 
     def _target(self, requested: Schema) -> pa.Schema:
         """The Arrow schema (no field ids) of ``requested``, a part of this scan's read schema; converted once."""
@@ -252,75 +290,6 @@ class Scan:
         if found is None:
             found = self._targets[key] = arrow_schema(requested, field_ids=False)
         return found
-
-    def _start_layers(self, path: str) -> Callable[[], list[tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]]]:
-        """The update layers of data file ``path`` touching the projection, oldest first: a call that
-        returns them as (entry, positions, values).
-
-        Locally they are loaded now (decoding is CPU work: other threads would only contend).
-        On an object store each update file is fetched on the process-wide layer pool from now
-        on, so that the fetches overlap each other and the caller's fetch of the data file itself
-        (each waits on latency, not on a core); the call waits for them.
-        """
-        entries = self.state.entries_for(path) if not self.state.empty else []
-        wanted = [e for e in entries if any(i in self.read_ids for i in e.field_ids)]
-        self.report.update_files_read += len(wanted)
-        if not wanted or isinstance(self._resolve(wanted[0].update_file)[0], pafs.LocalFileSystem):
-            layers = [self._load_layer(e) for e in wanted]
-            return lambda: layers
-        pool = readfiles.layer_pool(REMOTE_THREADS)
-        futures = [pool.submit(self._load_layer, e) for e in wanted]
-        return lambda: [f.result() for f in futures]
-
-    def _load_layer(self, entry: UpdateEntry) -> tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]:
-        ids = tuple(i for i in entry.field_ids if i in self.read_ids)
-        key = self._layer_key(entry, ids)
-        found = readfiles.LAYERS.get(key)
-        if found is not None:
-            return entry, found[0], found[1]
-        pos, batch = self._decode_layer(entry, ids)
-        readfiles.LAYERS.put(key, (pos, batch), batch.get_total_buffer_size() + (pos.nbytes if pos is not None else 0))
-        return entry, pos, batch
-
-    def _layer_key(self, entry: UpdateEntry, ids: tuple[int, ...]) -> tuple:
-        """What identifies a decoded layer: the update file (local: its size and mtime too) and the columns."""
-        fs, fs_path = self._resolve(entry.update_file)
-        if isinstance(fs, pafs.LocalFileSystem):
-            try:
-                st = os.stat(fs_path)
-            except FileNotFoundError as e:
-                raise CorruptFileError(f"file {entry.update_file} is missing", entry.update_file) from e
-            return (fs_path, st.st_size, st.st_mtime_ns, ids, entry.dense)
-        return (self._io_key, type(fs).__name__, fs_path, entry.bytes, ids, entry.dense)
-
-    def _decode_layer(self, entry: UpdateEntry, ids: tuple[int, ...]) -> tuple[np.ndarray | None, pa.RecordBatch]:
-        """One update file's values of ``ids`` (one batch) and, unless dense, its row positions.
-
-        Read in one go, without the batching of data-file reads; on this thread unless the
-        projection is large (a dense layer of a big file): below a few MB handing column chunks
-        to Arrow's pool costs more than decoding them.
-        """
-        requested = self._layer_schemas.get(ids)
-        if requested is None:
-            requested = self._layer_schemas[ids] = Schema(*[f for f in self.read_schema.fields if f.field_id in ids])
-        target = self._target(requested)
-        path = entry.update_file
-        pf = self._open(path, entry.bytes)
-        projected, columns, extra = readfiles.projection(pf, frozenset(ids), () if entry.dense else (POS_FIELD_ID,))
-        try:
-            table = pf.read(columns=columns + extra, use_threads=readfiles.projected_bytes(pf, columns + extra) > THREADED_READ_BYTES)
-            if any(c.num_chunks != 1 for c in table.columns):
-                table = table.combine_chunks()
-            batches = table.to_batches()
-            raw = batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
-            values = readfiles.conform_batch(raw, projected, requested, target)[0] if columns else readfiles.empty_batch(target, raw.num_rows)
-        except (OSError, pa.ArrowInvalid) as e:
-            raise CorruptFileError(f"file {path} is corrupt: {e}", path) from e
-        if entry.dense:
-            return None, values
-        if not extra:
-            raise CorruptFileError(f"update file {path} has no row positions (_pos)", path)
-        return raw.column(extra[0]).to_numpy(zero_copy_only=False), values
 
     @property
     def _local(self) -> bool:
@@ -363,15 +332,21 @@ class Scan:
         out = merged.select(self.columns + ([LOCATOR_FILE, LOCATOR_POS] if self.with_locator else []))
         return out.cast(self.output_schema) if not out.schema.equals(self.output_schema) else out
 
-    def read_file(self, task: FileScanTask, whole: bool = False) -> Iterator[pa.RecordBatch]:
-        """Merged, filtered, projected batches of one data file (``whole``: read it in one go)."""
+    def read_file(
+        self, task: FileScanTask, whole: bool = False, pending: "Callable[[], list] | None" = None
+    ) -> Iterator[pa.RecordBatch]:
+        """Merged, filtered, projected batches of one data file (``whole``: read it in one go).
+
+        ``pending`` returns the file's layers once loaded elsewhere (:meth:`_feed_layers`); without it
+        they are loaded here (:meth:`_start_layers`).
+        """
         path = task.file.file_path
-        pending, layers = self._start_layers(path), None
+        pending, layers = pending or self._start_layers(path), None
         start = 0
         for base, _, owned in self._read_columns(
             path, self.read_schema, batch_size=0 if whole else None, size=task.file.file_size_in_bytes
         ):
-            if layers is None:  # on an object store, fetched while the data file was
+            if layers is None:  # fetched (object store) or loaded (calling thread) while the data file was
                 layers = pending()
             n = base.num_rows
             merged = apply_layers(base, layers, start, owned) if layers else base
@@ -382,10 +357,12 @@ class Scan:
                 merged = merged.filter(self.arrow_filter)
             yield self._output(merged)
 
-    def _guarded(self, task: FileScanTask, budget: int, whole: bool = False) -> list[pa.RecordBatch] | None:
+    def _guarded(
+        self, task: FileScanTask, budget: int, whole: bool = False, pending: "Callable[[], list] | None" = None
+    ) -> list[pa.RecordBatch] | None:
         """Read a whole file; None when it is bad and the budget allows skipping it."""
         try:
-            return list(self.read_file(task, whole))
+            return list(self.read_file(task, whole, pending))
         except CorruptFileError as e:
             if len(self.report.skipped_files) < budget:
                 self.report.skipped_files.append(task.file.file_path)
@@ -407,14 +384,23 @@ class Scan:
         t0 = time.perf_counter()
         tasks = self.tasks()
         budget = self._budget(tasks)
-        shared = readfiles.reader_pool(max(2, os.cpu_count() or 2) if self._local else REMOTE_THREADS) if threads is None else None
+        local = self._local
+        shared = readfiles.reader_pool(max(2, os.cpu_count() or 2) if local else REMOTE_THREADS) if threads is None else None
         if len(tasks) <= 1:
             results = [self._guarded(t, budget, whole=True) for t in tasks]
-        elif shared is not None:
-            results = list(shared.map(lambda t: self._guarded(t, budget, whole=True), tasks))
         else:
-            with ThreadPoolExecutor(max_workers=min(threads or 2, len(tasks))) as pool:
-                results = list(pool.map(lambda t: self._guarded(t, budget, whole=True), tasks))
+            # Locally, the update layers are loaded on this thread while the reader threads decode the
+            # data files (see _feed_layers); on an object store each reader fetches its own, in parallel.
+            fed, pendings = self._plan_layers(tasks) if local else ([], [None] * len(tasks))
+            own = None if shared is not None else ThreadPoolExecutor(max_workers=min(threads or 2, len(tasks)))
+            try:
+                jobs = [(shared or own).submit(self._guarded, t, budget, True, p) for t, p in zip(tasks, pendings)]
+                self._feed_layers(fed)
+                results = [j.result() for j in jobs]
+            finally:
+                fail_unfed(fed)  # an interrupted read: no reader thread waits forever
+                if own is not None:
+                    own.shutdown(wait=True)
         batches = [b for r in results if r for b in r if b.num_rows]
         self.report.files = len(tasks) - len(self.report.skipped_files)
         result = pa.Table.from_batches(batches, schema=self.output_schema)

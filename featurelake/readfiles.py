@@ -4,11 +4,16 @@ Data and update files are immutable (a write makes new files with new
 names), so what the reader derives from a file is kept for the process:
 
 * its footer (the parsed metadata, the Arrow schema, decoded bytes per column),
-  local entries keyed by (path, size, mtime) so a file changed underneath is
-  parsed again; on an object store a fragment keeps its footer, so a second
-  read of a file costs no footer request;
+  local entries keyed by (path, size, mtime_ns, inode) so a file changed
+  underneath is parsed again; on an object store a fragment keeps its footer,
+  so a second read of a file costs no footer request;
+* locally, the opened reader itself (handle and parsed footer), checked out by
+  one read at a time (featurelake.openfiles);
 * the projection of its schema onto a read's field ids (shared by files of one writer);
 * its decoded update-layer values, under a byte budget (FEATURELAKE_LAYER_CACHE_MB).
+
+:func:`forget_files` drops all of it for given files: garbage collection calls it for
+the files it deletes.
 
 Reader threads live in process-wide pools (see :func:`reader_pool`). A file's batches are
 decoded here too: a row range of it (:func:`row_range`) and its columns matched to a read's
@@ -20,7 +25,6 @@ import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 import pyarrow as pa
@@ -31,8 +35,8 @@ from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import _to_requested_schema, pyarrow_to_schema
 from pyiceberg.schema import Schema, prune_columns
 
+from featurelake import openfiles, storage
 from featurelake.lru import LRU
-from featurelake.storage import storage_of
 
 # On an object store a request costs ~10-50 ms, as much as reading megabytes: the projected column
 # chunks of a file are fetched as one ranged GET, gaps of unread columns included, up to these sizes.
@@ -132,29 +136,45 @@ class RemoteParquet:
         return fragment.to_batches(columns=columns, batch_size=batch_size, use_threads=use_threads)
 
 
-@dataclass(frozen=True)
 class Footer:
-    """What the reader derives from a file's footer, once per file."""
+    """What the reader derives from a file's footer, once per file.
 
-    metadata: pq.FileMetaData
-    schema: pa.Schema  # the file's Arrow schema, with field ids
-    key: bytes  # the schema serialized: files written by one writer share it (and their projections)
-    column_bytes: dict[str, int]  # decoded bytes per top-level column
+    ``column_bytes`` (decoded bytes per top-level column, a walk over every
+    column chunk) is computed on first use: a first read of a small update
+    file never asks for it, and the walk costs as much as decoding the file.
+    """
+
+    __slots__ = ("metadata", "schema", "key", "_column_bytes")
+
+    def __init__(self, metadata: pq.FileMetaData, schema: pa.Schema, key: bytes) -> None:
+        self.metadata = metadata
+        self.schema = schema  # the file's Arrow schema, with field ids
+        self.key = key  # the schema serialized: files written by one writer share it (and their projections)
+        self._column_bytes: dict[str, int] | None = None
 
     @staticmethod
     def of(metadata: pq.FileMetaData, schema: pa.Schema) -> "Footer":
-        sizes: dict[str, int] = {}
-        for i in range(metadata.num_row_groups):
-            rg = metadata.row_group(i)
-            for j in range(rg.num_columns):
-                col = rg.column(j)
-                top = col.path_in_schema.split(".", 1)[0]
-                sizes[top] = sizes.get(top, 0) + col.total_uncompressed_size
-        return Footer(metadata, schema, schema.serialize().to_pybytes(), sizes)
+        return Footer(metadata, schema, schema.serialize().to_pybytes())
+
+    @property
+    def column_bytes(self) -> dict[str, int]:
+        """Decoded bytes per top-level column."""
+        sizes = self._column_bytes
+        if sizes is None:
+            sizes = {}
+            metadata = self.metadata
+            for i in range(metadata.num_row_groups):
+                rg = metadata.row_group(i)
+                for j in range(rg.num_columns):
+                    col = rg.column(j)
+                    top = col.path_in_schema.split(".", 1)[0]
+                    sizes[top] = sizes.get(top, 0) + col.total_uncompressed_size
+            self._column_bytes = sizes
+        return sizes
 
 
 # Data and update files are immutable (new files get new names), so a footer parsed once serves every
-# later read. Local entries are keyed by (path, size, mtime): a file changed underneath is parsed again.
+# later read. Local entries are keyed by (path, size, mtime_ns, inode): a file changed underneath is parsed again.
 _FOOTERS = LRU(4096)
 
 
@@ -207,27 +227,92 @@ def io_key(io: FileIO) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((str(k), str(v)) for k, v in io.properties.items()))
 
 
-def open_local(path: str) -> pq.ParquetFile:
-    """A local Parquet file opened with its cached footer (parsed on first open)."""
-    st = os.stat(path)
-    key = (path, st.st_size, st.st_mtime_ns)
+def open_local(path: str, key: tuple | None = None) -> openfiles.OpenFile:
+    """A local Parquet file, opened for the calling thread alone: a kept-open reader when the pool
+    has one (featurelake.openfiles), else a new one with the cached footer (parsed on first open).
+
+    Give it back with :func:`release` when done (``ok=False`` after a failed read: not reused).
+    ``key`` is the file's :func:`openfiles.file_key` when the caller just took it (saves a stat).
+    FileNotFoundError when the file is gone.
+    """
+    key = key or openfiles.file_key(path)
+    return openfiles.checkout(key, lambda handle: _parquet_of(key, handle))
+
+
+def _parquet_of(key: tuple, handle: pa.NativeFile) -> pq.ParquetFile:
+    """A ``ParquetFile`` over an open handle (an open file, not a path: a path makes pyarrow build a
+    filesystem and stat the file again), its footer from the cache when this version was parsed before."""
     footer = _FOOTERS.get(key)
-    # an open file, not a path: a path makes pyarrow build a filesystem and stat the file again
     if footer is None:
-        pf = pq.ParquetFile(pa.OSFile(path), pre_buffer=False)
+        pf = pq.ParquetFile(handle, pre_buffer=False)
         footer = Footer.of(pf.metadata, pf.schema_arrow)
         _FOOTERS.put(key, footer)
     else:
-        pf = pq.ParquetFile(pa.OSFile(path), metadata=footer.metadata, pre_buffer=False)
+        pf = pq.ParquetFile(handle, metadata=footer.metadata, pre_buffer=False)
     pf.footer = footer
     return pf
 
 
+def release(lease: "openfiles.OpenFile | None", ok: bool = True) -> None:
+    """Give back a reader from :func:`open_local`: kept open for the next read when ``ok``; dropped
+    (never reused: the file may be damaged, or an abandoned batch reader may still hold it) otherwise."""
+    if lease is None:
+        return
+    if ok:
+        openfiles.checkin(lease)
+    else:
+        openfiles.discard(lease)
+
+
+def _fs_path(location: str) -> str:
+    """A location as the filesystems name the file: no ``file:`` scheme locally, ``bucket/key`` on a store."""
+    if location.startswith("file://"):
+        return location[len("file://"):]
+    if location.startswith("file:"):
+        return location[len("file:"):]
+    scheme, sep, rest = location.partition("://")
+    return rest if sep and scheme.isalnum() else location
+
+
+def forget_files(locations: Iterable[str]) -> None:
+    """Forget everything derived from these files: footers, decoded layers, kept-open readers.
+
+    Garbage collection calls it for the files it deletes (featurelake.storage's delete hook), so a
+    deleted file's handle is closed and its memory freed; tests and the read benchmark call it to
+    make a read find a file as a first read does. Takes locations or filesystem paths.
+    """
+    paths = {_fs_path(str(p)) for p in locations}
+    if not paths:
+        return
+    openfiles.forget(paths)
+    with _FOOTERS.lock:
+        for key in [k for k in _FOOTERS.items if _names_path(k, paths)]:
+            del _FOOTERS.items[key]
+    with LAYERS.lock:
+        for key in [k for k in LAYERS.items if _names_path(k, paths)]:
+            LAYERS.bytes -= LAYERS.items.pop(key)[1]
+
+
+def forget_file(location: str) -> None:
+    """:func:`forget_files` of one file."""
+    forget_files([location])
+
+
+def _names_path(key: tuple, paths: "set[str]") -> bool:
+    """Whether a cache key (local: path first; remote: storage view, filesystem, path) names one of ``paths``."""
+    return (isinstance(key[0], str) and key[0] in paths) or (len(key) > 2 and isinstance(key[2], str) and key[2] in paths)
+
+
 def clear_caches() -> None:
-    """Forget cached footers, locations, decoded layers and projections."""
+    """Forget cached footers, kept-open readers, decoded layers and projections."""
     _FOOTERS.items.clear()
     LAYERS.clear()
     _PROJECTIONS.clear()
+    _PLANS.clear()
+    openfiles.clear()
+
+
+storage.on_delete(forget_files)
 
 
 _PROJECTIONS: dict = {}
@@ -315,18 +400,37 @@ def conform_batch(
     Also returns the names of the columns decoded from the file (cast or not):
     their buffers belong to this read alone (columns of nulls may share one).
     """
-    by_id = {f.field_id: f.name for f in file_schema.fields}
-    columns, owned = [], []
+    plan, owned = _conform_plan(file_schema, requested, target)
+    columns = []
     try:
-        for field, arrow_field in zip(requested.fields, target):
-            name = by_id.get(field.field_id)
+        for name, arrow_field in plan:
             if name is None:
                 columns.append(pa.nulls(batch.num_rows, arrow_field.type))
                 continue
             col = batch.column(name)
             columns.append(col if col.type.equals(arrow_field.type) else col.cast(arrow_field.type))
-            owned.append(arrow_field.name)
-        return pa.RecordBatch.from_arrays(columns, schema=target), frozenset(owned)
+        return pa.RecordBatch.from_arrays(columns, schema=target), owned
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
         names = [f.name for f in file_schema.fields]
         return _to_requested_schema(requested, file_schema, batch.select(names), downcast_ns_timestamp_to_us=True), frozenset()
+
+
+_PLANS: dict = {}
+
+
+def _conform_plan(file_schema: Schema, requested: Schema, target: pa.Schema) -> "tuple[list[tuple[str | None, pa.Field]], frozenset[str]]":
+    """Per requested column, the file's column name holding its field id (None: not in the file) and
+    the target field; and the names decoded from the file. Worked out once per (file schema, request):
+    both are cached objects (projections are shared by every file of one writer, requests by a scan),
+    kept alive by the entry, so their ids cannot be reused while it stands."""
+    key = (id(file_schema), id(requested), id(target))
+    found = _PLANS.get(key)
+    if found is not None and found[0] is file_schema and found[1] is requested and found[2] is target:
+        return found[3], found[4]
+    by_id = {f.field_id: f.name for f in file_schema.fields}
+    plan = [(by_id.get(field.field_id), arrow_field) for field, arrow_field in zip(requested.fields, target)]
+    owned = frozenset(arrow_field.name for name, arrow_field in plan if name is not None)
+    if len(_PLANS) > 4096:
+        _PLANS.clear()
+    _PLANS[key] = (file_schema, requested, target, plan, owned)
+    return plan, owned

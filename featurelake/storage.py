@@ -38,7 +38,7 @@ import weakref
 from functools import lru_cache
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -220,12 +220,15 @@ class Storage:
         delete_stored(files)
 
     def delete(self, target: "str | StoredFile") -> None:
-        """Delete one file (a location or a listed StoredFile)."""
+        """Delete one file (a location or a listed StoredFile); what readers keep of it is forgotten."""
         if isinstance(target, StoredFile):
-            target.fs.delete_file(target.path)
-            return
-        _, fs, path = self.resolve(target)
-        fs.delete_file(path)
+            fs, path = target.fs, target.path
+        else:
+            _, fs, path = self.resolve(target)
+        try:
+            fs.delete_file(path)
+        finally:
+            _deleted([path])
 
 
 def open_remote(fs: pafs.FileSystem, path: str, size: int, whole_below: int = FOOTER_READ_BYTES) -> pa.NativeFile:
@@ -265,6 +268,32 @@ def delete_stored(files: "list[StoredFile]") -> None:
     """
     from featurelake.s3sign import delete_objects
 
+    try:
+        _delete_stored(files, delete_objects)
+    finally:
+        _deleted([f.path for f in files])
+
+
+_DELETE_HOOKS: "list[Callable[[list[str]], None]]" = []
+
+
+def on_delete(hook: "Callable[[list[str]], None]") -> None:
+    """Call ``hook(paths)`` after files are deleted (filesystem paths: local paths, ``bucket/key``).
+
+    The reader registers one (featurelake.readfiles.forget_files): it closes kept-open readers of a
+    deleted file and drops its footer and decoded layers. The hook lives here because the reader
+    imports this module, not the other way round.
+    """
+    if hook not in _DELETE_HOOKS:
+        _DELETE_HOOKS.append(hook)
+
+
+def _deleted(paths: list[str]) -> None:
+    for hook in list(_DELETE_HOOKS):
+        hook(paths)
+
+
+def _delete_stored(files: "list[StoredFile]", delete_objects) -> None:
     groups: dict[int, tuple[pafs.FileSystem, list[StoredFile]]] = {}
     for f in files:
         groups.setdefault(id(f.fs), (f.fs, []))[1].append(f)

@@ -1,0 +1,246 @@
+"""Loading a read's update layers: which update files a data file needs, decoded once, and when.
+
+Part of the merge-on-read reader (featurelake.read: :class:`Scan` mixes this in). A layer is
+(entry, row positions or None when dense, values) in the read's schema; decoded layers are kept
+for the process (``readfiles.LAYERS``), keyed by the update file's identity and the columns.
+
+When: on an object store each update file is fetched on the process-wide layer pool while the
+data file is (each waits on latency). Locally, a read of several data files loads them on the
+calling thread while the reader threads decode the base columns (:meth:`LayerLoading._feed_layers`):
+a first read of a snapshot pays for its update files alongside the data, not before it. Every
+update file is claimed once (:class:`_LayerSlot`), by the feeding thread or by the reader thread
+that reached its data file first, so nobody waits for work queued behind another file.
+
+Safety: a damaged update file is a CorruptFileError (missing, unreadable, row positions null,
+negative or out of order, a dense layer of the wrong length), raised to the read of its data file,
+so the bad-file budget applies to it as to any damaged file; never wrong rows.
+"""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+from pyiceberg.schema import Schema
+from pyiceberg.table import FileScanTask
+
+from featurelake import openfiles, readfiles
+from featurelake.errors import CorruptFileError, FeatureLakeError
+from featurelake.state import PlatformState, UpdateEntry
+
+if TYPE_CHECKING:
+    from featurelake.read import ReadReport
+
+POS_FIELD_ID = 2147483645  # Iceberg's reserved field id of the `_pos` metadata column
+THREADED_LAYER_BYTES = 1 << 20  # an update file decoded on Arrow's thread pool above this size (small ones: on one thread)
+REMOTE_THREADS = 16  # files in flight on an object store, where each read waits on latency, not on a core
+
+class LayerLoading:
+    """The update-layer half of a scan. Needs from the scan: ``state``, ``read_ids``, ``read_schema``,
+    ``report``, ``_io_key``, ``_layer_schemas`` and the methods ``_resolve``, ``_open_leased``, ``_target``."""
+
+    state: PlatformState
+    read_ids: set[int]
+    read_schema: Schema
+    report: "ReadReport"
+    _io_key: tuple
+    _layer_schemas: dict[tuple[int, ...], Schema]
+
+    def _wanted(self, path: str) -> list[UpdateEntry]:
+        """The update files of data file ``path`` touching the projection, oldest first (counted in the report)."""
+        entries = self.state.entries_for(path) if not self.state.empty else []
+        wanted = [e for e in entries if any(i in self.read_ids for i in e.field_ids)]
+        self.report.update_files_read += len(wanted)
+        return wanted
+
+    def _start_layers(self, path: str) -> Callable[[], list[tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]]]:
+        """The update layers of data file ``path`` touching the projection, oldest first: a call that
+        returns them as (entry, positions, values).
+
+        Locally they are loaded now (decoding is CPU work: other threads would only contend;
+        :meth:`to_table` loads them on the calling thread instead, see :meth:`_feed_layers`).
+        On an object store each update file is fetched on the process-wide layer pool from now
+        on, so that the fetches overlap each other and the caller's fetch of the data file itself
+        (each waits on latency, not on a core); the call waits for them.
+        """
+        wanted = self._wanted(path)
+        if not wanted or isinstance(self._resolve(wanted[0].update_file)[0], pafs.LocalFileSystem):
+            layers = [self._load_layer(e) for e in wanted]
+            return lambda: layers
+        pool = readfiles.layer_pool(REMOTE_THREADS)
+        futures = [pool.submit(self._load_layer, e) for e in wanted]
+        return lambda: [f.result() for f in futures]
+
+    def _plan_layers(self, tasks: list[FileScanTask]) -> "tuple[list[_LayerSlot], list[Callable[[], list]]]":
+        """Per task, a call returning its layers (:class:`_LayerSlot`), and the slots for :meth:`_feed_layers`.
+
+        A data file whose update files cannot even be listed (a damaged state shard) gets a call that
+        raises that error, so it fails (or is skipped under the budget) as its read would have.
+        """
+        slots: list[_LayerSlot] = []
+        pendings: list[Callable[[], list]] = []
+        claims = threading.Lock()
+        for t in tasks:
+            try:
+                wanted = self._wanted(t.file.file_path)
+            except Exception as e:
+                failed: Future = Future()
+                failed.set_exception(e)
+                pendings.append(failed.result)
+                continue
+            if not wanted:
+                pendings.append(_no_layers)
+                continue
+            slot = _LayerSlot(self, wanted, claims)
+            slots.append(slot)
+            pendings.append(slot.get)
+        return slots, pendings
+
+    def _feed_layers(self, slots: "list[_LayerSlot]") -> None:
+        """Load each planned file's layers on this thread, in plan order, while the reader threads
+        decode the data files (a first read: loading update files costs about as much as decoding
+        the base, and this thread would otherwise only wait). A reader thread that finishes its base
+        before this thread reached its file loads them itself (:meth:`_LayerSlot.get`).
+
+        A load that fails fails that file's read (its error, under the bad-file budget); a slot left
+        unloaded when this thread is interrupted fails too, so no reader thread waits forever.
+        """
+        try:
+            for slot in slots:
+                slot.load()
+        finally:
+            fail_unfed(slots)
+
+    def _load_layer(self, entry: UpdateEntry) -> tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]:
+        ids = tuple(i for i in entry.field_ids if i in self.read_ids)
+        key, file_key = self._layer_key(entry, ids)
+        found = readfiles.LAYERS.get(key)
+        if found is not None:
+            return entry, found[0], found[1]
+        pos, batch = self._decode_layer(entry, ids, file_key)
+        readfiles.LAYERS.put(key, (pos, batch), batch.get_total_buffer_size() + (pos.nbytes if pos is not None else 0))
+        return entry, pos, batch
+
+    def _layer_key(self, entry: UpdateEntry, ids: tuple[int, ...]) -> tuple[tuple, tuple | None]:
+        """What identifies a decoded layer: the update file (local: its size, mtime and inode too) and
+        the columns; and a local file's :func:`openfiles.file_key` (None on an object store)."""
+        fs, fs_path = self._resolve(entry.update_file)
+        if isinstance(fs, pafs.LocalFileSystem):
+            try:
+                file_key = openfiles.file_key(fs_path)
+            except FileNotFoundError as e:
+                raise CorruptFileError(f"file {entry.update_file} is missing", entry.update_file) from e
+            return file_key + (ids, entry.dense), file_key
+        return (self._io_key, type(fs).__name__, fs_path, entry.bytes, ids, entry.dense), None
+
+    def _decode_layer(
+        self, entry: UpdateEntry, ids: tuple[int, ...], file_key: tuple | None = None
+    ) -> tuple[np.ndarray | None, pa.RecordBatch]:
+        """One update file's values of ``ids`` (one batch) and, unless dense, its row positions.
+
+        Read in one go, without the batching of data-file reads; on this thread unless the
+        projection is large (a dense layer of a big file): below a few MB handing column chunks
+        to Arrow's pool costs more than decoding them.
+        """
+        requested = self._layer_schemas.get(ids)
+        if requested is None:
+            requested = self._layer_schemas[ids] = Schema(*[f for f in self.read_schema.fields if f.field_id in ids])
+        target = self._target(requested)
+        path = entry.update_file
+        pf, lease = self._open_leased(path, entry.bytes, file_key)
+        ok = False
+        try:
+            projected, columns, extra = readfiles.projection(pf, frozenset(ids), () if entry.dense else (POS_FIELD_ID,))
+            # the file's size says whether Arrow's pool pays (the footer's per-column sizes cost a walk)
+            table = pf.read(columns=columns + extra, use_threads=(entry.bytes or 0) > THREADED_LAYER_BYTES)
+            ok = True
+        except (OSError, pa.ArrowInvalid) as e:
+            raise CorruptFileError(f"file {path} is corrupt: {e}", path) from e
+        finally:
+            readfiles.release(lease, ok)
+        try:
+            batches = table.to_batches()
+            if len(batches) != 1:  # several row groups (or none): one batch
+                table = table.combine_chunks()
+                batches = table.to_batches()
+            raw = batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
+            values = readfiles.conform_batch(raw, projected, requested, target)[0] if columns else readfiles.empty_batch(target, raw.num_rows)
+        except (OSError, pa.ArrowInvalid) as e:
+            raise CorruptFileError(f"file {path} is corrupt: {e}", path) from e
+        if entry.dense:
+            if values.num_rows != entry.rows and entry.rows:
+                raise CorruptFileError(f"update file {path} holds {values.num_rows} rows, its data file {entry.rows}", path)
+            return None, values
+        if not extra:
+            raise CorruptFileError(f"update file {path} has no row positions (_pos)", path)
+        column = raw.column(extra[0])
+        data = column.buffers()[1] if column.type == pa.int64() and not column.null_count else None
+        pos = (np.frombuffer(data, dtype=np.int64, count=column.offset + len(column))[column.offset:]
+               if data is not None else column.to_numpy(zero_copy_only=False))
+        # the overlay finds a batch's rows by binary search: positions out of order would put values on wrong rows
+        if column.null_count or (len(pos) > 1 and not bool(np.all(pos[1:] > pos[:-1]))) or (len(pos) and pos[0] < 0):
+            raise CorruptFileError(f"update file {path} has row positions that are null, negative or out of order", path)
+        return pos, values
+
+
+def _no_layers() -> list:
+    return []
+
+
+class _LayerSlot:
+    """One data file's update layers, each loaded once by whichever thread claims it first: the
+    calling thread feeding them in plan order, or the reader thread that needs them (:meth:`get`).
+
+    Claims are per update file, so a reader thread waits at most for the one file another thread
+    is decoding at that moment, never for a whole data file's worth queued behind it.
+    """
+
+    __slots__ = ("scan", "wanted", "claims", "claimed", "futures")
+
+    def __init__(self, scan: "LayerLoading", wanted: list[UpdateEntry], claims: threading.Lock) -> None:
+        self.scan = scan
+        self.wanted = wanted
+        self.claims = claims  # one lock per read: claiming is a flag flip
+        self.claimed = [False] * len(wanted)
+        self.futures: list[Future] = [Future() for _ in wanted]
+
+    def _claim(self, i: int) -> bool:
+        with self.claims:
+            if self.claimed[i]:
+                return False
+            self.claimed[i] = True
+            return True
+
+    def load(self) -> None:
+        """Load the layers no other thread claimed; errors go to whoever waits on them."""
+        for i, entry in enumerate(self.wanted):
+            if not self._claim(i):
+                continue
+            try:
+                layer = self.scan._load_layer(entry)
+            except BaseException as e:  # whoever waits gets it; an interrupt still interrupts this thread
+                self.futures[i].set_exception(e)
+                if not isinstance(e, Exception):
+                    raise
+            else:
+                self.futures[i].set_result(layer)
+
+    def get(self) -> list:
+        """The layers, oldest first: those no thread has started on loaded here, the others waited for."""
+        self.load()
+        return [f.result() for f in self.futures]
+
+    def fail(self) -> None:
+        """Fail the layers no thread ever claimed (the feeding thread was interrupted)."""
+        for i, future in enumerate(self.futures):
+            if self._claim(i):
+                future.set_exception(FeatureLakeError("the read was interrupted before this file's update layers were loaded"))
+
+
+def fail_unfed(slots: "list[_LayerSlot]") -> None:
+    """Fail the slots nobody claimed (the feeding thread was interrupted: no reader waits forever)."""
+    for slot in slots:
+        slot.fail()
