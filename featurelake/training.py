@@ -60,8 +60,8 @@ with them shards are balanced in source rows, not in rows emitted.
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
+import os
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -83,7 +83,7 @@ if TYPE_CHECKING:
 DEFAULT_TRAINING_BATCH = 1024
 DEFAULT_SHUFFLE_BUFFER = 65_536
 DEFAULT_INTERLEAVE = 8
-DECODE_THREADS = 2  # units opened by one window decode their first chunks in parallel
+DECODE_THREADS = 2  # threads decoding ahead of the windows (0: decode in the window's thread)
 _STATE_VERSION = 1
 
 
@@ -123,7 +123,8 @@ class TrainingReader:
         worker_id: int = 0,
         num_workers: int = 1,
         even_batches: bool = False,
-        prefetch: int = 1,
+        prefetch: int = 2,
+        decode_threads: int = DECODE_THREADS,
     ) -> None:
         _check_int("batch_size", batch_size, 1)
         _check_int("shuffle_buffer", shuffle_buffer, 1)
@@ -132,6 +133,7 @@ class TrainingReader:
         _check_int("epoch", epoch, 0)
         _check_int("seed", seed, 0)
         _check_int("prefetch", prefetch, 0)
+        _check_int("decode_threads", decode_threads, 0)
         if not isinstance(rank, int) or not 0 <= rank < world_size:
             raise FeatureLakeError(f"rank must be in [0, world_size={world_size}), got {rank!r}")
         if sample is not None and not (isinstance(sample, (int, float)) and 0.0 < sample <= 1.0):
@@ -150,6 +152,9 @@ class TrainingReader:
         self.table = table
         self.even_batches = bool(even_batches)
         self.prefetch = prefetch
+        self.decode_threads = decode_threads
+        self._pools_: dict[str, ThreadPoolExecutor] = {}
+        self._pool_pid = os.getpid()
         self.batch_size = batch_size
         self.shuffle = bool(shuffle)
         self.seed = seed
@@ -342,57 +347,106 @@ class TrainingReader:
         g, _ = self.global_worker
         rest: list[pa.RecordBatch] = []  # rows waiting for the next batch (from earlier windows)
         rest_rows, rest_end = 0, (0, 0)
-        pool = ThreadPoolExecutor(1, thread_name_prefix="featurelake-train") if self.prefetch else None
-        decode = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="featurelake-decode") if DECODE_THREADS > 1 else None
-        with pool or nullcontext(), decode or nullcontext():
-            reader = WindowReader(self, units, epoch, g, decode)
-            futures: dict[int, Any] = {}
+        pool, decode, gather = self._pools()
+        reader = WindowReader(self, units, epoch, g, decode)
+        futures: dict[int, Future] = {}
 
-            def window(w: int) -> tuple[pa.RecordBatch | None, np.ndarray]:
-                if pool is None:
-                    return reader.read(plan[w], w)
-                for v in range(w, min(len(plan), w + 1 + self.prefetch)):
-                    if v not in futures:
-                        futures[v] = pool.submit(reader.read, plan[v], v)
-                return futures.pop(w).result()
+        def prepared(v: int) -> Future:  # on the prefetch thread: windows are collected in order
+            job = reader.prepare(plan[v], v)
+            return gather.submit(job.finish) if gather is not None and not reader.closed else _done(job.finish())
 
-            try:
-                for w in range(start_window, len(plan)):
-                    if limit is not None and self.batches_emitted >= limit:
-                        break
-                    rows, ranks = window(w)
-                    if rows is not None and w == start_window and start_offset:
-                        cut = int(np.searchsorted(ranks, start_offset))  # ranks increase: keep the rest
-                        rows, ranks = rows.slice(cut), ranks[cut:]
-                    if rows is None or not rows.num_rows:
+        def window(w: int) -> tuple[pa.RecordBatch | None, np.ndarray]:
+            if pool is None:
+                return reader.read(plan[w], w)
+            for v in range(w, min(len(plan), w + 1 + self.prefetch)):
+                if v not in futures:
+                    futures[v] = pool.submit(prepared, v)
+            return futures.pop(w).result().result()
+
+        try:
+            for w in range(start_window, len(plan)):
+                if limit is not None and self.batches_emitted >= limit:
+                    break
+                rows, ranks = window(w)
+                if rows is not None and w == start_window and start_offset:
+                    cut = int(np.searchsorted(ranks, start_offset))  # ranks increase: keep the rest
+                    rows, ranks = rows.slice(cut), ranks[cut:]
+                if rows is None or not rows.num_rows:
+                    continue
+                i, n = 0, rows.num_rows
+                if rest_rows:
+                    need = size - rest_rows
+                    if n < need:
+                        rest.append(rows)
+                        rest_rows, rest_end = rest_rows + n, (w, int(ranks[-1]))
                         continue
-                    i, n = 0, rows.num_rows
-                    if rest_rows:
-                        need = size - rest_rows
-                        if n < need:
-                            rest.append(rows)
-                            rest_rows, rest_end = rest_rows + n, (w, int(ranks[-1]))
-                            continue
-                        yield self._emit(pa.concat_batches(rest + [rows.slice(0, need)]), w, ranks[need - 1])
-                        rest, rest_rows, i = [], 0, need
-                    while n - i >= size and (limit is None or self.batches_emitted < limit):
-                        yield self._emit(rows.slice(i, size), w, ranks[i + size - 1])
-                        i += size
-                    if i < n:
-                        rest, rest_rows, rest_end = [rows.slice(i)], n - i, (w, int(ranks[-1]))
-                if rest_rows and not self.drop_last and limit is None:
-                    yield self._emit(pa.concat_batches(rest) if len(rest) > 1 else rest[0], *rest_end)
-                self._finished = True
-                self._position = (len(plan), 0)
-            finally:
-                for f in futures.values():
-                    f.cancel()
+                    yield self._emit(pa.concat_batches(rest + [rows.slice(0, need)]), w, ranks[need - 1])
+                    rest, rest_rows, i = [], 0, need
+                while n - i >= size and (limit is None or self.batches_emitted < limit):
+                    yield self._emit(rows.slice(i, size), w, ranks[i + size - 1])
+                    i += size
+                if i < n:
+                    rest, rest_rows, rest_end = [rows.slice(i)], n - i, (w, int(ranks[-1]))
+            if rest_rows and not self.drop_last and limit is None:
+                yield self._emit(pa.concat_batches(rest) if len(rest) > 1 else rest[0], *rest_end)
+            self._finished = True
+            self._position = (len(plan), 0)
+        finally:
+            # Stop reading ahead: windows not started are dropped, the one in flight is waited for (it may
+            # still be submitting decodes), then the decodes still queued are dropped.
+            reader.closed = True
+            for f in futures.values():
+                f.cancel()
+            for f in futures.values():
+                if not f.cancelled():
+                    wait([f])
+                    if f.exception() is None:
+                        f.result().cancel()
+            reader.close()
+
+    def _pools(self) -> tuple[ThreadPoolExecutor | None, ThreadPoolExecutor | None, ThreadPoolExecutor | None]:
+        """The reader's threads, started once and kept for its lifetime: the window-prefetch thread (collects
+        windows in order), the decode threads (decode ahead of the windows) and the gather threads (permute
+        the windows collected, several at once).
+
+        Starting threads per epoch costs a scheduling wait each on a busy
+        machine. A forked copy (a data-loader worker) starts its own: the
+        parent's threads do not exist there.
+        """
+        if self._pool_pid != os.getpid():
+            self._pools_ = {}
+            self._pool_pid = os.getpid()
+        sizes = {"train": 1 if self.prefetch else 0, "decode": self.decode_threads,
+                 "gather": self.decode_threads if self.prefetch else 0}
+        for name, size in sizes.items():
+            if size and name not in self._pools_:
+                self._pools_[name] = ThreadPoolExecutor(size, thread_name_prefix=f"featurelake-{name}")
+        return tuple(self._pools_.get(name) if size else None for name, size in sizes.items())  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Stop the reader's threads (they also stop when the reader is garbage-collected)."""
+        if self._pool_pid == os.getpid():
+            for pool in self._pools_.values():
+                pool.shutdown(wait=True, cancel_futures=True)
+        self._pools_ = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)  # threads do not travel (spawned data-loader workers start their own)
+        state["_pools_"] = {}
+        return state
 
     def _emit(self, batch: pa.RecordBatch, window: int, rank: int) -> pa.RecordBatch:
         """Hand out ``batch``, whose last row is rank ``rank`` of window ``window``."""
         self._position = (window, int(rank) + 1)
         self.batches_emitted += 1
         return batch
+
+
+def _done(value: Any) -> Future:
+    """A future that already holds ``value``."""
+    f: Future = Future()
+    f.set_result(value)
+    return f
 
 
 def _plan_units(scan: Any, tasks: list) -> list[Unit]:
