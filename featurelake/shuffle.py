@@ -17,7 +17,7 @@ ints (see ``featurelake.training``).
 """
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from threading import Lock
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
@@ -152,7 +152,7 @@ class WindowReader:
     decoding their first chunk now, so that a window that opens new units finds
     them decoded instead of waiting on all of them at once. Memory: about
     ``interleave + lookahead`` decoded chunks in flight besides the windows.
-    ``close`` stops it (no more decoding is started; queued decodes are dropped).
+    ``close`` stops it: no more decoding starts, queued decodes are dropped and running ones waited for.
     """
 
     def __init__(self, reader: "TrainingReader", units: list[Unit], epoch: int, worker: int,
@@ -197,10 +197,10 @@ class WindowReader:
             self._open(slot, self.units[slot].start)
 
     def close(self) -> None:
-        """Start no more decoding and drop the decodes still queued (running ones finish on their own)."""
+        """Start no more decoding, drop the decodes still queued and wait for those running (a few at most)."""
         self.closed = True
-        for source in list(self.sources.values()):
-            source.cancel()
+        running = [s.pending for s in self.sources.values() if s.pending is not None and not s.pending.cancel()]
+        wait(running)
         self.sources.clear()
         self.carry.clear()
 

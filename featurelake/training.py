@@ -84,6 +84,7 @@ DEFAULT_TRAINING_BATCH = 1024
 DEFAULT_SHUFFLE_BUFFER = 65_536
 DEFAULT_INTERLEAVE = 8
 DECODE_THREADS = 2  # threads decoding ahead of the windows (0: decode in the window's thread)
+GATHER_THREADS = 2  # threads permuting collected windows (with prefetch; 0: on the prefetch thread)
 _STATE_VERSION = 1
 
 
@@ -417,7 +418,7 @@ class TrainingReader:
             self._pools_ = {}
             self._pool_pid = os.getpid()
         sizes = {"train": 1 if self.prefetch else 0, "decode": self.decode_threads,
-                 "gather": self.decode_threads if self.prefetch else 0}
+                 "gather": GATHER_THREADS if self.prefetch else 0}
         for name, size in sizes.items():
             if size and name not in self._pools_:
                 self._pools_[name] = ThreadPoolExecutor(size, thread_name_prefix=f"featurelake-{name}")
