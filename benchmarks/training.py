@@ -5,9 +5,10 @@ data files). Every reader streams one full epoch of all columns in batches of
 ``BATCH`` rows and the consumer only counts rows:
 
 * ``training_shuffled``: ``TrainingReader`` (shuffle on, one worker; the
-  default reads one window ahead on a thread);
-* ``training_shuffled_sync``: the same with ``prefetch=0`` (windows read in the
-  consumer's thread);
+  defaults decode ahead on two threads, collect two windows ahead on another
+  and permute them on two more);
+* ``training_shuffled_sync``: the same with ``prefetch=0`` (windows collected
+  and permuted in the consumer's thread; decoding still runs ahead);
 * ``training_shuffled_2proc``: the same reader split over 2 forked worker
   processes (``worker_id`` 0 and 1 of 2, as ``DataLoader(num_workers=2)``
   does), timed until both finish;
@@ -34,7 +35,8 @@ Repetitions are interleaved; ratios are paired medians. The goal's pair
 runs back to back at the start of each repetition, in alternating order, so
 load that drifts over a repetition cancels. The CPU seconds of the in-process readers are
 recorded too: on a shared machine they say what each read costs when the wall
-clock is noisy.
+clock is noisy. Garbage collection is off during each timed run (collected
+before it).
 
 A real PyTorch training loop (when torch is installed): the synthetic
 impressions (8 float features, ``click``), ``TrainingDataset`` through
@@ -47,6 +49,7 @@ old ``batches(shuffle=True)`` and for a full random permutation of the rows.
 """
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 from typing import Any, Callable
 
@@ -247,9 +250,14 @@ def run(cfg: Config) -> dict[str, Any]:
             pair = pair if rep % 2 == 0 else pair[::-1]
             for name in pair + [n for n in readers if n not in pair]:
                 fn = readers[name]
-                c0 = _cpu()
-                _, rows = timed(fn, timings[name])
-                cpu[name].add(_cpu() - c0)
+                gc.collect()
+                gc.disable()  # a collection landing in one reader's run is noise, not its cost
+                try:
+                    c0 = _cpu()
+                    _, rows = timed(fn, timings[name])
+                    cpu[name].add(_cpu() - c0)
+                finally:
+                    gc.enable()
                 if rows != cfg.rows:
                     raise AssertionError(f"{name} read {rows} rows, expected {cfg.rows}")
 
@@ -298,6 +306,7 @@ def run(cfg: Config) -> dict[str, Any]:
         "goals": goals,
         "notes": [
             "cpu_s_median: CPU seconds of this process and its finished children per epoch (the forked run counts its children)",
+            "garbage collection: collected before and disabled during every timed run",
             "rows_per_s from the best repetition; ratios are paired medians (throughput, higher = first reader faster)",
             "training_shuffled_2proc forks 2 processes that each read half the epoch (the machine has 2 shared cores)",
             "shuffle quality: 'reader' is the stream as read, 'random' the same rows fully permuted and cut at the same batch sizes",
