@@ -394,15 +394,18 @@ class TrainingReader:
             self._position = (len(plan), 0)
         finally:
             # Stop reading ahead: windows not started are dropped, the one in flight is waited for (it may
-            # still be submitting decodes), then the decodes still queued are dropped.
+            # still be submitting decodes), so are permutations running; then queued decodes are dropped
+            # and running ones waited for. Nothing of this epoch runs after the iterator is closed.
             reader.closed = True
             for f in futures.values():
                 f.cancel()
+            gathers = []
             for f in futures.values():
                 if not f.cancelled():
                     wait([f])
-                    if f.exception() is None:
-                        f.result().cancel()
+                    if f.exception() is None and not f.result().cancel():
+                        gathers.append(f.result())
+            wait(gathers)  # permutations already running (dropped, but done before this returns)
             reader.close()
 
     def _pools(self) -> tuple[ThreadPoolExecutor | None, ThreadPoolExecutor | None, ThreadPoolExecutor | None]:
