@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 from featurelake.errors import FeatureLakeError
 from featurelake.sampling import keep_rows
 from featurelake.schema import LOCATOR_FILE
+from featurelake.workpool import PriorityPool
 
 if TYPE_CHECKING:
     from featurelake.training import TrainingReader
@@ -110,14 +111,17 @@ class _Source:
     Without a pool the chunks decode on the caller's thread.
     """
 
-    def __init__(self, open_stream: Callable[[], Iterator[Chunk]], stop: int, pool: ThreadPoolExecutor | None,
-                 stopped: Callable[[], bool]) -> None:
+    def __init__(self, open_stream: Callable[[], Iterator[Chunk]], stop: int,
+                 submit: Callable[[Callable[[], Any], float], Future] | None, may_start: Callable[[], bool],
+                 closed: Callable[[], bool], priority: Callable[[], float], first: float) -> None:
         self._open = open_stream
+        self._closed = closed
         self._stream: Iterator[Chunk] | None = None
         self._stop = stop
-        self._pool = pool
-        self._stopped = stopped
-        self.pending: Future | None = pool.submit(self._advance) if pool is not None else None
+        self._submit = submit
+        self._may_start = may_start
+        self._priority = priority  # the window the next chunk is needed by (the pool runs the most urgent first)
+        self.pending: Future | None = submit(self._advance, first) if submit is not None else None
 
     def _advance(self) -> Chunk | None:
         if self._stream is None:
@@ -125,11 +129,11 @@ class _Source:
         return next(self._stream, None)
 
     def next(self) -> Chunk | None:
-        if self.pending is None:
-            return self._advance() if self._pool is None else None
+        if self.pending is None:  # nothing decoding ahead (no pool, or the budget was spent): decode it now
+            return None if self._closed() else self._advance()
         chunk, self.pending = self.pending.result(), None
-        if chunk is not None and chunk[2] < self._stop and not self._stopped():
-            self.pending = self._pool.submit(self._advance)
+        if chunk is not None and chunk[2] < self._stop and self._may_start():
+            self.pending = self._submit(self._advance, self._priority())  # type: ignore[misc]
         return chunk
 
     def cancel(self) -> None:
@@ -147,16 +151,19 @@ class WindowReader:
     over).
 
     With a ``pool``, decoding runs ahead of the windows (decode-ahead): every
-    open unit decodes its next chunk while the current one is gathered, and the
-    next ``lookahead`` units to be opened (by the windows after this one) start
-    decoding their first chunk now, so that a window that opens new units finds
-    them decoded instead of waiting on all of them at once. Memory: about
-    ``interleave + lookahead`` decoded chunks in flight besides the windows.
+    open unit decodes its next chunk while the current one is sliced into
+    windows, and the units the next windows open start decoding their first
+    chunk as soon as this window is collected, so a window that opens new units
+    (every ``interleave``-th, in a table of one-chunk row groups) finds them
+    decoded instead of waiting on all of them at once. At most ``ahead``
+    chunks (default ``interleave``) decode ahead at a time: memory holds about
+    ``2 * interleave`` decoded chunks besides the windows.
     ``close`` stops it: no more decoding starts, queued decodes are dropped and running ones waited for.
     """
 
     def __init__(self, reader: "TrainingReader", units: list[Unit], epoch: int, worker: int,
-                 pool: ThreadPoolExecutor | None = None, lookahead: int | None = None) -> None:
+                 pool: "ThreadPoolExecutor | PriorityPool | None" = None, ahead: int | None = None,
+                 plan: Sequence[list[Piece]] | None = None) -> None:
         self.r = reader
         self.units = units
         self.epoch = epoch
@@ -165,7 +172,12 @@ class WindowReader:
         self.carry: dict[int, Chunk] = {}
         self.layers: dict[int, list] = {}
         self.pool = pool
-        self.lookahead = reader.interleave if lookahead is None else lookahead
+        self.ahead = reader.interleave if ahead is None else ahead
+        self.window = 0  # the window being collected
+        self.first_window: dict[int, int] = {}  # slot -> the first window that reads it (priorities)
+        for w, window in enumerate(plan or ()):
+            for p in window:
+                self.first_window.setdefault(p.slot, w)
         self.opened = -1  # the highest slot whose source exists (slots open in order)
         self.closed = False
         self._lock = Lock()
@@ -177,6 +189,12 @@ class WindowReader:
                 self.layers[task_index] = self.r.scan.layers_for(self.r.tasks[task_index].file.file_path)
             return self.layers[task_index]
 
+    def submit(self, fn: Callable[[], Any], priority: float) -> Future:
+        """Run ``fn`` on the pool; a :class:`PriorityPool` runs it when nothing needed by an earlier window waits."""
+        if isinstance(self.pool, PriorityPool):
+            return self.pool.submit(fn, priority=priority)
+        return self.pool.submit(fn)  # type: ignore[union-attr]
+
     def _open(self, slot: int, start: int) -> _Source:
         unit = self.units[slot]
 
@@ -184,17 +202,27 @@ class WindowReader:
             return self.r.scan.read_range(self.r.tasks[unit.task], start, unit.stop, layers=self._layers(unit.task),
                                           batch_size=self.chunk)
 
-        source = self.sources[slot] = _Source(stream, unit.stop, self.pool, lambda: self.closed)
+        source = self.sources[slot] = _Source(
+            stream, unit.stop, self.submit if self.pool is not None else None, self._may_start, lambda: self.closed,
+            lambda: self.window + 1, self.first_window.get(slot, self.window + 1))
         self.opened = max(self.opened, slot)
         return source
 
+    def _decoding(self) -> int:
+        """Chunks decoding ahead now (or decoded and not yet taken)."""
+        return sum(1 for s in list(self.sources.values()) if s.pending is not None)
+
+    def _may_start(self) -> bool:
+        return not self.closed and self._decoding() < self.ahead
+
     def _open_ahead(self, window: list[Piece]) -> None:
-        """Start decoding the first chunks of the units the next windows open (slots open in order)."""
-        if self.pool is None or self.closed or not window:
+        """Start decoding the first chunks of the units the next windows open (slots open in order), within budget."""
+        if self.pool is None or not window:
             return
-        last = min(len(self.units), max(p.slot for p in window) + 1 + self.lookahead)
-        for slot in range(self.opened + 1, last):
+        slot = self.opened + 1
+        while slot < len(self.units) and self._may_start():
             self._open(slot, self.units[slot].start)
+            slot += 1
 
     def close(self) -> None:
         """Start no more decoding, drop the decodes still queued and wait for those running (a few at most)."""
@@ -244,11 +272,12 @@ class WindowReader:
         The split lets consecutive windows be permuted on several threads
         while this one stays sequential (it is cheap: slices and sampling).
         """
+        self.window = w
         for p in window:  # open this window's new units first: their decodes are needed before those ahead
             if p.slot not in self.sources and p.slot not in self.carry and p.slot > self.opened:
                 self._open(p.slot, p.start)
-        self._open_ahead(window)
         pieces = [self._piece(p) for p in window]
+        self._open_ahead(window)
         r = self.r
         parts, local, uniforms_of = [], [], []
         offset = 0

@@ -40,17 +40,22 @@ How:
 * **Speed.** Each open unit decodes in chunks of up to 65,536 rows (large
   reads decode cheaply; a unit that fits one chunk, typically one row group,
   is read in one call, faster than streaming it); a window is
-  permuted with one gather (no per-batch ``take``, no per-row Python) and
+  permuted with one gather (no per-batch ``take``, no per-row Python) of its
+  decoded slices as they are (a chunked table: no concatenation first) and
   batches are zero-copy slices of it (see ``featurelake.shuffle``). That
   gather is the cost a shuffle cannot avoid: unshuffled batches are slices of
-  decoded files, shuffled ones must move every row once, and on the benchmark
-  table it costs a third to a half of the decode's CPU (``benchmarks/training.py``
-  measures this floor). ``prefetch`` windows (default 1) are read ahead
-  on one thread while the consumer works, and the units a window opens decode
-  their first chunks on two threads; ``prefetch=0`` reads in the consumer's
-  thread. (Of the layouts tried on a shared 2-core machine, this one read
-  fastest; fully single-threaded was slowest.) Memory holds about
-  ``interleave`` decoded chunks and ``1 + prefetch`` windows.
+  decoded files, shuffled ones must move every row once (``benchmarks/training.py``
+  measures this floor). So the work is spread over the reader's threads,
+  started once per reader (not per epoch): one collects ``prefetch`` windows
+  (default 2) ahead of the consumer, in order; ``decode_threads`` workers
+  (default 2) decode ahead (each open unit's next chunk, and the units the next
+  windows open) and permute the windows collected, the work needed by the
+  earliest window first (``featurelake.workpool``), so that no more heavy
+  threads run than a small machine has cores. ``prefetch=0`` collects and
+  permutes in the consumer's thread; ``decode_threads=0`` decodes there too.
+  Memory holds about ``2 * interleave`` decoded chunks and ``1 + prefetch``
+  windows. Closing the iterator (or dropping it) stops the work of the epoch;
+  ``close()`` stops the threads.
 
 The pieces live in ``featurelake.shuffle`` (units, shards, windows, quality)
 and ``featurelake.sampling``; this module is the reader and its position.
@@ -72,6 +77,7 @@ from featurelake import placement, refs
 from featurelake.errors import FeatureLakeError, SchemaMismatchError
 from featurelake.sampling import path_hash, row_uniforms
 from featurelake.shuffle import Piece, Unit, WindowReader, shard, shuffle_quality, windows
+from featurelake.workpool import PriorityPool
 
 __all__ = [
     "TrainingReader", "Unit", "Piece", "shard", "windows", "shuffle_quality", "path_hash", "row_uniforms",
@@ -83,8 +89,7 @@ if TYPE_CHECKING:
 DEFAULT_TRAINING_BATCH = 1024
 DEFAULT_SHUFFLE_BUFFER = 65_536
 DEFAULT_INTERLEAVE = 8
-DECODE_THREADS = 2  # threads decoding ahead of the windows (0: decode in the window's thread)
-GATHER_THREADS = 2  # threads permuting collected windows (with prefetch; 0: on the prefetch thread)
+DECODE_THREADS = 2  # workers decoding ahead and permuting windows (0: all in the collecting thread)
 _STATE_VERSION = 1
 
 
@@ -348,13 +353,13 @@ class TrainingReader:
         g, _ = self.global_worker
         rest: list[pa.RecordBatch] = []  # rows waiting for the next batch (from earlier windows)
         rest_rows, rest_end = 0, (0, 0)
-        pool, decode, gather = self._pools()
-        reader = WindowReader(self, units, epoch, g, decode)
+        pool, work = self._pools()
+        reader = WindowReader(self, units, epoch, g, work, plan=plan)
         futures: dict[int, Future] = {}
 
         def prepared(v: int) -> Future:  # on the prefetch thread: windows are collected in order
             job = reader.prepare(plan[v], v)
-            return gather.submit(job.finish) if gather is not None and not reader.closed else _done(job.finish())
+            return reader.submit(job.finish, v) if work is not None and not reader.closed else _done(job.finish())
 
         def window(w: int) -> tuple[pa.RecordBatch | None, np.ndarray]:
             if pool is None:
@@ -408,10 +413,10 @@ class TrainingReader:
             wait(gathers)  # permutations already running (dropped, but done before this returns)
             reader.close()
 
-    def _pools(self) -> tuple[ThreadPoolExecutor | None, ThreadPoolExecutor | None, ThreadPoolExecutor | None]:
+    def _pools(self) -> tuple[ThreadPoolExecutor | None, PriorityPool | None]:
         """The reader's threads, started once and kept for its lifetime: the window-prefetch thread (collects
-        windows in order), the decode threads (decode ahead of the windows) and the gather threads (permute
-        the windows collected, several at once).
+        windows in order) and ``decode_threads`` workers that decode ahead and permute the windows collected,
+        the work needed by the earliest window first (see ``featurelake.workpool``).
 
         Starting threads per epoch costs a scheduling wait each on a busy
         machine. A forked copy (a data-loader worker) starts its own: the
@@ -420,12 +425,11 @@ class TrainingReader:
         if self._pool_pid != os.getpid():
             self._pools_ = {}
             self._pool_pid = os.getpid()
-        sizes = {"train": 1 if self.prefetch else 0, "decode": self.decode_threads,
-                 "gather": GATHER_THREADS if self.prefetch else 0}
-        for name, size in sizes.items():
-            if size and name not in self._pools_:
-                self._pools_[name] = ThreadPoolExecutor(size, thread_name_prefix=f"featurelake-{name}")
-        return tuple(self._pools_.get(name) if size else None for name, size in sizes.items())  # type: ignore[return-value]
+        if self.prefetch and "train" not in self._pools_:
+            self._pools_["train"] = ThreadPoolExecutor(1, thread_name_prefix="featurelake-train")
+        if self.decode_threads and "work" not in self._pools_:
+            self._pools_["work"] = PriorityPool(self.decode_threads, name="featurelake-work")
+        return self._pools_.get("train") if self.prefetch else None, self._pools_.get("work") if self.decode_threads else None
 
     def close(self) -> None:
         """Stop the reader's threads (they also stop when the reader is garbage-collected)."""

@@ -409,7 +409,7 @@ def test_closing_mid_epoch_stops_reading_ahead(samples):
     first = next(it)
     it.close()
     pools = dict(r._pools_)
-    assert set(pools) == {"train", "decode", "gather"}
+    assert set(pools) == {"train", "work"}
     for pool in pools.values():  # the reader's threads stay (for the next epoch), idle: a task runs at once
         assert pool.submit(lambda: 1).result(timeout=5) == 1
     seen = len(decoded)
