@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 # Rows decoded per read of an open unit: large reads decode far cheaper per row than small ones.
 DECODE_ROWS = 65_536
+DECODE, PERMUTE = 0, 1  # the kinds of work on the reader's pool (see ``featurelake.workpool``)
 
 
 @dataclass(frozen=True)
@@ -189,10 +190,11 @@ class WindowReader:
                 self.layers[task_index] = self.r.scan.layers_for(self.r.tasks[task_index].file.file_path)
             return self.layers[task_index]
 
-    def submit(self, fn: Callable[[], Any], priority: float) -> Future:
-        """Run ``fn`` on the pool; a :class:`PriorityPool` runs it when nothing needed by an earlier window waits."""
+    def submit(self, fn: Callable[[], Any], priority: float, kind: int = DECODE) -> Future:
+        """Run ``fn`` on the pool; a :class:`PriorityPool` runs the calls of a kind (``DECODE``, ``PERMUTE``)
+        in the order of the windows that need them, one worker preferring each kind."""
         if isinstance(self.pool, PriorityPool):
-            return self.pool.submit(fn, priority=priority)
+            return self.pool.submit(fn, priority=priority, kind=kind)
         return self.pool.submit(fn)  # type: ignore[union-attr]
 
     def _open(self, slot: int, start: int) -> _Source:

@@ -49,9 +49,10 @@ How:
   started once per reader (not per epoch): one collects ``prefetch`` windows
   (default 2) ahead of the consumer, in order; ``decode_threads`` workers
   (default 2) decode ahead (each open unit's next chunk, and the units the next
-  windows open) and permute the windows collected, the work needed by the
-  earliest window first (``featurelake.workpool``), so that no more heavy
-  threads run than a small machine has cores. ``prefetch=0`` collects and
+  windows open) and permute the windows collected: one prefers decoding, the
+  other permuting, each kind in the order of the windows that need it
+  (``featurelake.workpool``), so the two overlap and no more heavy threads run
+  than a small machine has cores. ``prefetch=0`` collects and
   permutes in the consumer's thread; ``decode_threads=0`` decodes there too.
   Memory holds about ``2 * interleave`` decoded chunks and ``1 + prefetch``
   windows. Closing the iterator (or dropping it) stops the work of the epoch;
@@ -76,7 +77,7 @@ from pyiceberg.expressions import BooleanExpression
 from featurelake import placement, refs
 from featurelake.errors import FeatureLakeError, SchemaMismatchError
 from featurelake.sampling import path_hash, row_uniforms
-from featurelake.shuffle import Piece, Unit, WindowReader, shard, shuffle_quality, windows
+from featurelake.shuffle import PERMUTE, Piece, Unit, WindowReader, shard, shuffle_quality, windows
 from featurelake.workpool import PriorityPool
 
 __all__ = [
@@ -359,7 +360,9 @@ class TrainingReader:
 
         def prepared(v: int) -> Future:  # on the prefetch thread: windows are collected in order
             job = reader.prepare(plan[v], v)
-            return reader.submit(job.finish, v) if work is not None and not reader.closed else _done(job.finish())
+            if work is None or reader.closed:
+                return _done(job.finish())
+            return reader.submit(job.finish, v, PERMUTE)
 
         def window(w: int) -> tuple[pa.RecordBatch | None, np.ndarray]:
             if pool is None:
@@ -415,8 +418,8 @@ class TrainingReader:
 
     def _pools(self) -> tuple[ThreadPoolExecutor | None, PriorityPool | None]:
         """The reader's threads, started once and kept for its lifetime: the window-prefetch thread (collects
-        windows in order) and ``decode_threads`` workers that decode ahead and permute the windows collected,
-        the work needed by the earliest window first (see ``featurelake.workpool``).
+        windows in order) and ``decode_threads`` workers that decode ahead and permute the windows collected
+        (one prefers each kind; see ``featurelake.workpool``).
 
         Starting threads per epoch costs a scheduling wait each on a busy
         machine. A forked copy (a data-loader worker) starts its own: the

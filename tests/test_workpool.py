@@ -24,6 +24,32 @@ def test_runs_the_most_urgent_first_ties_in_submission_order():
     pool.shutdown()
 
 
+def test_a_worker_takes_its_own_kind_first_then_the_other():
+    """One worker preferring kind 0: all kind-0 calls (by priority) run before any kind-1 call, even more urgent ones."""
+    pool = PriorityPool(1, name="test-kinds", kinds=2)
+    gate = threading.Event()
+    ran: list[tuple[int, float, int]] = []
+    blocker = pool.submit(gate.wait)
+    items = [(1, 0.0, 0), (0, 9.0, 1), (1, -5.0, 2), (0, 2.0, 3), (0, 9.0, 4), (1, 3.0, 5)]  # (kind, priority, seq)
+    futures = [pool.submit(ran.append, it, priority=it[1], kind=it[0]) for it in items]
+    gate.set()
+    for f in futures:
+        f.result(timeout=5)
+    assert blocker.result() is True
+    assert ran == sorted(items, key=lambda it: (it[0] != 0, it[1], it[2]))
+    pool.shutdown()
+
+
+def test_two_workers_run_both_kinds_at_once():
+    """With a call of each kind waiting, the two workers (one preferring each) run them concurrently."""
+    pool = PriorityPool(2, name="test-both", kinds=2)
+    barrier = threading.Barrier(2, timeout=5)
+    a = pool.submit(barrier.wait, kind=0, priority=5)
+    b = pool.submit(barrier.wait, kind=1, priority=0)
+    assert {a.result(timeout=5), b.result(timeout=5)} == {0, 1}  # both reached the barrier together
+    pool.shutdown()
+
+
 def test_results_errors_and_cancelled_calls():
     pool = PriorityPool(2)
     assert [pool.submit(pow, i, 2).result(timeout=5) for i in range(5)] == [i * i for i in range(5)]
