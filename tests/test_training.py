@@ -505,3 +505,21 @@ def test_forked_worker_starts_its_own_threads(samples):
     assert got == keys_of(TrainingReader(samples, columns=["k"], batch_size=50, shuffle_buffer=400, worker_id=1,
                                          num_workers=2, **SERIAL))
     r.close()
+
+
+@pytest.mark.parametrize("kw", [{}, {"rank": 2, "world_size": 3, "epoch": 4}])
+def test_order_matches_an_oracle_built_from_the_plan(samples, kw):
+    """The stream, read with every thread on, is the plan applied the obvious way: each window's source rows
+    (its pieces, laid end to end, looked up in ``t.read``) in the order of that window's permutation."""
+    from featurelake.shuffle import window_permutation, windows
+
+    r = TrainingReader(samples, columns=["k"], batch_size=64, seed=5, shuffle_buffer=500, interleave=3, **kw)
+    located = samples.read(columns=["k"], with_locator=True).to_pydict()
+    key_at = {(f, p): k for f, p, k in zip(located["_file"], located["_pos"], located["k"])}
+    units = r.shard_units()
+    g, _ = r.global_worker
+    expected: list[int] = []
+    for w, window in enumerate(windows(units, 3, 500)):
+        rows = [key_at[(r.tasks[units[p.slot].task].file.file_path, pos)] for p in window for pos in range(p.start, p.stop)]
+        expected.extend(rows[i] for i in window_permutation(5, r.epoch, g, w, len(rows)))
+    assert keys_of(r) == expected
