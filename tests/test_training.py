@@ -523,3 +523,26 @@ def test_order_matches_an_oracle_built_from_the_plan(samples, kw):
         rows = [key_at[(r.tasks[units[p.slot].task].file.file_path, pos)] for p in window for pos in range(p.start, p.stop)]
         expected.extend(rows[i] for i in window_permutation(5, r.epoch, g, w, len(rows)))
     assert keys_of(r) == expected
+
+
+def test_a_decode_error_reaches_the_consumer_and_the_reader_recovers(samples):
+    """An error raised while decoding ahead (on a reader thread) is raised by the iterator; the threads stay
+    usable and a later epoch reads everything."""
+    kw = {"columns": ["k"], "batch_size": 30, "shuffle_buffer": 300, "interleave": 3}
+    r = TrainingReader(samples, prefetch=3, **kw)
+    real = r.scan.read_range
+    calls = []
+
+    def failing(*a, **k):
+        calls.append(1)
+        if len(calls) == 5:
+            raise OSError("disk on fire")
+        yield from real(*a, **k)
+
+    r.scan.read_range = failing
+    with pytest.raises(OSError, match="disk on fire"):
+        keys_of(r)
+    r.scan.read_range = real
+    r.set_epoch(1)
+    assert keys_of(r) == keys_of(TrainingReader(samples, epoch=1, **kw, **SERIAL))
+    r.close()
