@@ -74,8 +74,10 @@ class PriorityPool:
                          for i in range(threads)]
         for t in self._threads:
             t.start()
-        # collected without shutdown (a reader dropped mid-epoch): its threads still stop
-        self._finalizer = weakref.finalize(self, self._queues.stop, True)
+        # collected without shutdown (a reader dropped mid-epoch): its threads still stop; in a forked child
+        # (no threads, locks maybe held at the fork) nothing is done
+        self._pid = os.getpid()
+        self._finalizer = weakref.finalize(self, _stop_in, self._queues, self._pid)
         _LIVE.add(self)
 
     def submit(self, fn: Callable[..., Any], *args: Any, priority: float = 0, kind: int = 0) -> Future:
@@ -92,6 +94,8 @@ class PriorityPool:
     def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
         """Stop the threads: they finish the call they run; queued calls are cancelled (``cancel_futures``) or run first."""
         self._shutdown = True
+        if self._pid != os.getpid():  # a forked child's copy: its threads are not here
+            return
         if not cancel_futures:
             self._drain()
         self._queues.stop(cancel=True)
@@ -128,6 +132,11 @@ def _at_exit() -> None:
 os.register_at_fork(after_in_child=_LIVE.clear)
 # Runs before threads are joined at exit, as concurrent.futures' pools do (atexit would run after: a hang).
 getattr(threading, "_register_atexit", lambda fn: None)(_at_exit)
+
+
+def _stop_in(queues: _Queues, pid: int) -> None:
+    if os.getpid() == pid:
+        queues.stop(cancel=True)
 
 
 def _work(queues: _Queues, prefer: int) -> None:
