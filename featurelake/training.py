@@ -102,6 +102,10 @@ class TrainingReader:
     process's data-loader worker (``featurelake.torch`` does it from
     ``get_worker_info``); ``set_epoch`` starts another shuffle; ``state_dict``
     and ``load_state_dict`` save and restore the position between batches.
+    ``prefetch`` (windows collected ahead, default 2) and ``decode_threads``
+    (workers decoding ahead and permuting, default 2) change speed and memory,
+    never the rows or their order; the threads live as long as the reader
+    (``close`` stops them; a copied or forked reader starts its own).
     """
 
     def __init__(
