@@ -347,6 +347,8 @@ def test_sequence_join(lake):
     ({"weight_column": "x"}, SchemaMismatchError),
     ({"columns": ["nope"]}, SchemaMismatchError),
     ({"worker_id": 2, "num_workers": 2}, FeatureLakeError),
+    ({"prefetch": -1}, FeatureLakeError),
+    ({"decode_threads": -1}, FeatureLakeError),
 ])
 def test_bad_arguments_are_refused(samples, kw, error):
     with pytest.raises(error):
