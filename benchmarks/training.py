@@ -5,12 +5,16 @@ data files). Every reader streams one full epoch of all columns in batches of
 ``BATCH`` rows and the consumer only counts rows:
 
 * ``training_shuffled``: ``TrainingReader`` (shuffle on, one worker; the
-  default reads one window ahead on a thread);
-* ``training_shuffled_sync``: the same with ``prefetch=0`` (windows read in the
-  consumer's thread);
+  defaults decode ahead on two threads, collect two windows ahead on another
+  and permute them on two more);
+* ``training_shuffled_sync``: the same with ``prefetch=0`` (windows collected
+  and permuted in the consumer's thread; decoding still runs ahead);
 * ``training_shuffled_2proc``: the same reader split over 2 forked worker
   processes (``worker_id`` 0 and 1 of 2, as ``DataLoader(num_workers=2)``
-  does), timed until both finish;
+  does), timed until both finish; measured after the other readers' repetitions,
+  each next to a ``batches`` run (``batches_next_to_2proc``): after a fork the
+  parent's next writes to its heap fault page by page (copy-on-write), which
+  would slow whichever reader ran next;
 * ``training_unshuffled``: ``TrainingReader(shuffle=False)``;
 * ``batches``: ``t.batches(batch_size=BATCH)`` (unshuffled);
 * ``pyarrow_dataset``: ``pyarrow.dataset.dataset(files).to_batches(batch_size=BATCH)``;
@@ -34,7 +38,8 @@ Repetitions are interleaved; ratios are paired medians. The goal's pair
 runs back to back at the start of each repetition, in alternating order, so
 load that drifts over a repetition cancels. The CPU seconds of the in-process readers are
 recorded too: on a shared machine they say what each read costs when the wall
-clock is noisy.
+clock is noisy. Garbage collection is off during each timed run (collected
+before it).
 
 A real PyTorch training loop (when torch is installed): the synthetic
 impressions (8 float features, ``click``), ``TrainingDataset`` through
@@ -47,6 +52,7 @@ old ``batches(shuffle=True)`` and for a full random permutation of the rows.
 """
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 from typing import Any, Callable
 
@@ -239,19 +245,37 @@ def run(cfg: Config) -> dict[str, Any]:
         }
         timings = {name: Timing() for name in readers}
         cpu = {name: Timing() for name in readers}
+        forked = ["training_shuffled_2proc"]
+        timings["batches_next_to_2proc"], cpu["batches_next_to_2proc"] = Timing(), Timing()
+
+        def measure(name: str, fn: Callable[[], int]) -> None:
+            gc.collect()
+            gc.disable()  # a collection landing in one reader's run is noise, not its cost
+            try:
+                c0 = _cpu()
+                _, rows = timed(fn, timings[name])
+                cpu[name].add(_cpu() - c0)
+            finally:
+                gc.enable()
+            if rows != cfg.rows:
+                raise AssertionError(f"{name} read {rows} rows, expected {cfg.rows}")
+
         for rep in range(cfg.repeat):
             shuffled.set_epoch(rep)
             sync.set_epoch(rep)
             # the goal's pair runs back to back, in alternating order (ABBA), so drifting load cancels
             pair = ["batches", "take_windows", "training_shuffled"]  # the floor's parts next to the goal's pair
             pair = pair if rep % 2 == 0 else pair[::-1]
-            for name in pair + [n for n in readers if n not in pair]:
-                fn = readers[name]
-                c0 = _cpu()
-                _, rows = timed(fn, timings[name])
-                cpu[name].add(_cpu() - c0)
-                if rows != cfg.rows:
-                    raise AssertionError(f"{name} read {rows} rows, expected {cfg.rows}")
+            for name in pair + [n for n in readers if n not in pair and n not in forked]:
+                measure(name, readers[name])
+        # The forked run goes last, in repetitions of its own (each next to a batches run): after a fork every
+        # page of this process's heap is copy-on-write, so the next write to each one faults (measured: 11-19K
+        # page faults in the next shuffled epoch instead of 0.6-3K, the epoch up to 1.7x slower, batches up to
+        # 1.6x). That cost belongs to the forked run, not to the reader that happens to run after it.
+        for rep in range(cfg.repeat):
+            shuffled.set_epoch(rep)
+            for name in (["batches_next_to_2proc", *forked] if rep % 2 == 0 else [*forked, "batches_next_to_2proc"]):
+                measure(name, readers["batches"] if name == "batches_next_to_2proc" else readers[name])
 
         quality: dict[str, Any] = {}
         for interleave in (8, 16):
@@ -273,7 +297,7 @@ def run(cfg: Config) -> dict[str, Any]:
     ratios = {
         "shuffled_over_batches_paired": paired_ratio(timings["batches"], timings["training_shuffled"]),
         "shuffled_over_unshuffled_reader_paired": paired_ratio(timings["training_unshuffled"], timings["training_shuffled"]),
-        "shuffled_2proc_over_batches_paired": paired_ratio(timings["batches"], timings["training_shuffled_2proc"]),
+        "shuffled_2proc_over_batches_paired": paired_ratio(timings["batches_next_to_2proc"], timings["training_shuffled_2proc"]),
         "batches_over_pyarrow_paired": paired_ratio(timings["pyarrow_dataset"], timings["batches"]),
         "shuffled_over_pyarrow_paired": paired_ratio(timings["pyarrow_dataset"], timings["training_shuffled"]),
         "shuffled_over_batches_cpu_paired": paired_ratio(cpu["batches"], cpu["training_shuffled"]),
@@ -298,8 +322,11 @@ def run(cfg: Config) -> dict[str, Any]:
         "goals": goals,
         "notes": [
             "cpu_s_median: CPU seconds of this process and its finished children per epoch (the forked run counts its children)",
+            "garbage collection: collected before and disabled during every timed run",
             "rows_per_s from the best repetition; ratios are paired medians (throughput, higher = first reader faster)",
-            "training_shuffled_2proc forks 2 processes that each read half the epoch (the machine has 2 shared cores)",
+            "training_shuffled_2proc forks 2 processes that each read half the epoch (the machine has 2 shared cores); "
+            "it runs after all the other repetitions, paired with batches_next_to_2proc: after a fork the parent's "
+            "next writes to its heap fault page by page (copy-on-write), which slowed whatever ran next",
             "shuffle quality: 'reader' is the stream as read, 'random' the same rows fully permuted and cut at the same batch sizes",
             f"training reader quality over epochs 0..{QUALITY_EPOCHS - 1}; interleave 8 is the default, 16 opens every unit of this table at once",
             f"reader defaults: shuffle_buffer={shuffled.shuffle_buffer} rows, interleave={shuffled.interleave} units at once",

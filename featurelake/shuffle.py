@@ -17,10 +17,10 @@ ints (see ``featurelake.training``).
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from threading import Lock
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -29,12 +29,14 @@ import pyarrow.compute as pc
 from featurelake.errors import FeatureLakeError
 from featurelake.sampling import keep_rows
 from featurelake.schema import LOCATOR_FILE
+from featurelake.workpool import PriorityPool
 
 if TYPE_CHECKING:
     from featurelake.training import TrainingReader
 
 # Rows decoded per read of an open unit: large reads decode far cheaper per row than small ones.
 DECODE_ROWS = 65_536
+DECODE, PERMUTE = 0, 1  # the kinds of work on the reader's pool (see ``featurelake.workpool``)
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,48 @@ def windows(units: Sequence[Unit], interleave: int, buffer: int) -> Iterator[lis
         yield window
 
 
+Chunk = tuple[pa.RecordBatch, np.ndarray, int]  # (rows, their file positions, source rows read up to)
+
+
+class _Source:
+    """The decoded chunks of one open unit, in order, the next one decoding ahead on the pool.
+
+    ``next`` hands out the chunk decoded ahead and submits the one after it
+    (unless the unit ends there), so each open unit has at most one chunk in
+    flight: its stream is a generator, never advanced by two threads at once.
+    Without a pool the chunks decode on the caller's thread.
+    """
+
+    def __init__(self, open_stream: Callable[[], Iterator[Chunk]], stop: int,
+                 submit: Callable[[Callable[[], Any], float], Future] | None, may_start: Callable[[], bool],
+                 closed: Callable[[], bool], priority: Callable[[], float], first: float) -> None:
+        self._open = open_stream
+        self._closed = closed
+        self._stream: Iterator[Chunk] | None = None
+        self._stop = stop
+        self._submit = submit
+        self._may_start = may_start
+        self._priority = priority  # the window the next chunk is needed by (the pool runs the most urgent first)
+        self.pending: Future | None = submit(self._advance, first) if submit is not None else None
+
+    def _advance(self) -> Chunk | None:
+        if self._stream is None:
+            self._stream = self._open()
+        return next(self._stream, None)
+
+    def next(self) -> Chunk | None:
+        if self.pending is None:  # nothing decoding ahead (no pool, or the budget was spent): decode it now
+            return None if self._closed() else self._advance()
+        chunk, self.pending = self.pending.result(), None
+        if chunk is not None and chunk[2] < self._stop and self._may_start():
+            self.pending = self._submit(self._advance, self._priority())  # type: ignore[misc]
+        return chunk
+
+    def cancel(self) -> None:
+        if self.pending is not None:
+            self.pending.cancel()
+
+
 class WindowReader:
     """Reads the windows of one worker's share, in order; keeps each open unit's stream between windows.
 
@@ -106,21 +150,39 @@ class WindowReader:
     a reader resumed at ``(w, rank)`` re-reads window ``w`` and keeps the
     rows from that rank on. Windows must be read in order (streams carry
     over).
+
+    With a ``pool``, decoding runs ahead of the windows (decode-ahead): every
+    open unit decodes its next chunk while the current one is sliced into
+    windows, and the units the next windows open start decoding their first
+    chunk as soon as this window is collected, so a window that opens new units
+    (every ``interleave``-th, in a table of one-chunk row groups) finds them
+    decoded instead of waiting on all of them at once. At most ``ahead``
+    chunks (default ``interleave``) decode ahead at a time: memory holds about
+    ``2 * interleave`` decoded chunks besides the windows.
+    ``close`` stops it: no more decoding starts, queued decodes are dropped and running ones waited for.
     """
 
     def __init__(self, reader: "TrainingReader", units: list[Unit], epoch: int, worker: int,
-                 pool: ThreadPoolExecutor | None = None) -> None:
+                 pool: "ThreadPoolExecutor | PriorityPool | None" = None, ahead: int | None = None,
+                 plan: Sequence[list[Piece]] | None = None) -> None:
         self.r = reader
         self.units = units
         self.epoch = epoch
         self.worker = worker
-        self.streams: dict[int, Iterator[tuple[pa.RecordBatch, np.ndarray, int]]] = {}
-        self.carry: dict[int, tuple[pa.RecordBatch, np.ndarray, int]] = {}
+        self.sources: dict[int, _Source] = {}
+        self.carry: dict[int, Chunk] = {}
         self.layers: dict[int, list] = {}
         self.pool = pool
+        self.ahead = reader.interleave if ahead is None else ahead
+        self.window = 0  # the window being collected
+        self.first_window: dict[int, int] = {}  # slot -> the first window that reads it (priorities)
+        for w, window in enumerate(plan or ()):
+            for p in window:
+                self.first_window.setdefault(p.slot, w)
+        self.opened = -1  # the highest slot whose source exists (slots open in order)
+        self.closed = False
         self._lock = Lock()
         self.chunk = max(DECODE_ROWS, -(-reader.shuffle_buffer // reader.interleave))
-        self.output_schema: pa.Schema | None = None
 
     def _layers(self, task_index: int) -> list:
         with self._lock:
@@ -128,25 +190,61 @@ class WindowReader:
                 self.layers[task_index] = self.r.scan.layers_for(self.r.tasks[task_index].file.file_path)
             return self.layers[task_index]
 
-    def _stream(self, slot: int, start: int) -> Iterator[tuple[pa.RecordBatch, np.ndarray, int]]:
-        if slot not in self.streams:
-            unit = self.units[slot]
-            task = self.r.tasks[unit.task]
-            self.streams[slot] = self.r.scan.read_range(task, start, unit.stop, layers=self._layers(unit.task),
-                                                        batch_size=self.chunk)
-        return self.streams[slot]
+    def submit(self, fn: Callable[[], Any], priority: float, kind: int = DECODE) -> Future:
+        """Run ``fn`` on the pool; a :class:`PriorityPool` runs the calls of a kind (``DECODE``, ``PERMUTE``)
+        in the order of the windows that need them, one worker preferring each kind."""
+        if isinstance(self.pool, PriorityPool):
+            return self.pool.submit(fn, priority=priority, kind=kind)
+        return self.pool.submit(fn)  # type: ignore[union-attr]
+
+    def _open(self, slot: int, start: int) -> _Source:
+        unit = self.units[slot]
+
+        def stream() -> Iterator[Chunk]:
+            return self.r.scan.read_range(self.r.tasks[unit.task], start, unit.stop, layers=self._layers(unit.task),
+                                          batch_size=self.chunk)
+
+        source = self.sources[slot] = _Source(
+            stream, unit.stop, self.submit if self.pool is not None else None, self._may_start, lambda: self.closed,
+            lambda: self.window + 1, self.first_window.get(slot, self.window + 1))
+        self.opened = max(self.opened, slot)
+        return source
+
+    def _decoding(self) -> int:
+        """Chunks decoding ahead now (or decoded and not yet taken)."""
+        return sum(1 for s in list(self.sources.values()) if s.pending is not None)
+
+    def _may_start(self) -> bool:
+        return not self.closed and self._decoding() < self.ahead
+
+    def _open_ahead(self, window: list[Piece]) -> None:
+        """Start decoding the first chunks of the units the next windows open (slots open in order), within budget."""
+        if self.pool is None or not window:
+            return
+        slot = self.opened + 1
+        while slot < len(self.units) and self._may_start():
+            self._open(slot, self.units[slot].start)
+            slot += 1
+
+    def close(self) -> None:
+        """Start no more decoding, drop the decodes still queued and wait for those running (a few at most)."""
+        self.closed = True
+        running = [s.pending for s in self.sources.values() if s.pending is not None and not s.pending.cancel()]
+        wait(running)
+        self.sources.clear()
+        self.carry.clear()
 
     def _piece(self, piece: Piece) -> tuple[list[pa.RecordBatch], list[np.ndarray]]:
         """The surviving rows of one piece and their file positions."""
         batches, positions = [], []
         chunk = self.carry.pop(piece.slot, None)
-        stream = self._stream(piece.slot, piece.start)
+        source = self.sources.get(piece.slot) or self._open(piece.slot, piece.start)
         end = piece.start
         while True:
             if chunk is None:
                 if end >= piece.stop:
                     break
-                chunk = next(stream, None)
+                chunk = source.next()
                 if chunk is None:
                     break
             batch, pos, end = chunk
@@ -160,20 +258,28 @@ class WindowReader:
                 batches.append(batch)
                 positions.append(pos)
         if piece.stop >= self.units[piece.slot].stop:
-            self.streams.pop(piece.slot, None)
+            done = self.sources.pop(piece.slot, None)
+            if done is not None:
+                done.cancel()
             self.carry.pop(piece.slot, None)
         return batches, positions
 
     def read(self, window: list[Piece], w: int) -> tuple[pa.RecordBatch | None, np.ndarray]:
         """One window's kept rows in emission order (None when none), and each one's rank in the window's order."""
-        # The pieces that open a unit decode its first chunk: those (most of the work, every
-        # ``interleave``-th window) decode in parallel; slices of chunks decoded before need no hand-off.
-        fresh = [p for p in window if p.slot not in self.carry]
-        if self.pool is not None and len(fresh) > 1:
-            decoded = dict(zip((p.slot for p in fresh), self.pool.map(self._piece, fresh)))
-            pieces = [decoded[p.slot] if p.slot in decoded else self._piece(p) for p in window]
-        else:
-            pieces = [self._piece(p) for p in window]
+        return self.prepare(window, w).finish()
+
+    def prepare(self, window: list[Piece], w: int) -> "Window":
+        """Collect one window's decoded rows (windows in order: streams carry over); ``finish`` permutes them.
+
+        The split lets consecutive windows be permuted on several threads
+        while this one stays sequential (it is cheap: slices and sampling).
+        """
+        self.window = w
+        for p in window:  # open this window's new units first: their decodes are needed before those ahead
+            if p.slot not in self.sources and p.slot not in self.carry and p.slot > self.opened:
+                self._open(p.slot, p.start)
+        pieces = [self._piece(p) for p in window]
+        self._open_ahead(window)
         r = self.r
         parts, local, uniforms_of = [], [], []
         offset = 0
@@ -185,7 +291,7 @@ class WindowReader:
                 uniforms_of.append((task, pos))
             offset += piece.stop - piece.start
         if not parts:
-            return None, np.empty(0, np.int64)
+            return Window(None, [], None, offset, False, None)
         rows = pa.Table.from_batches(parts, schema=parts[0].schema)
         complete = rows.num_rows == offset  # no row filtered out: the local index is 0..offset-1
         keep, weights = keep_rows(r, rows, uniforms_of)
@@ -193,13 +299,33 @@ class WindowReader:
             rows = rows.append_column(pa.field(r.weight_column, pa.float32(), nullable=False), pa.array(weights))
         if r._label_extra:
             rows = rows.drop_columns(r._label_extra)
-        if r.shuffle:
-            perm = np.random.default_rng([r.seed, self.epoch, self.worker, w]).permutation(offset)
-            if complete and keep is None:
+        seed = (r.seed, self.epoch, self.worker, w) if r.shuffle else None
+        return Window(rows, local, keep, offset, complete, seed)
+
+
+@dataclass
+class Window:
+    """One window's rows as decoded (``rows``: a chunked table), ready to be put in emission order."""
+
+    rows: pa.Table | None
+    local: list[np.ndarray]  # each chunk's rows' indices in the window (0..size-1)
+    keep: np.ndarray | None  # sampling's verdict per row (None: all kept)
+    size: int  # the window's source rows (before filters and sampling)
+    complete: bool  # no row was filtered out
+    seed: tuple[int, int, int, int] | None  # (seed, epoch, worker, window); None: unshuffled
+
+    def finish(self) -> tuple[pa.RecordBatch | None, np.ndarray]:
+        """The kept rows in emission order as one batch (None when none), and each one's rank in the window's order."""
+        rows, keep, offset = self.rows, self.keep, self.size
+        if rows is None:
+            return None, np.empty(0, np.int64)
+        if self.seed is not None:
+            perm = window_permutation(*self.seed, offset)
+            if self.complete and keep is None:
                 order, ranks = perm, np.arange(offset, dtype=np.int64)
             else:  # walk the permutation, keeping the rows that are there
                 survivors = np.arange(rows.num_rows) if keep is None else np.flatnonzero(keep)
-                idx = np.concatenate(local)
+                idx = np.concatenate(self.local)
                 row_of = np.full(offset, -1, np.int64)
                 row_of[idx[survivors]] = survivors
                 picked = row_of[perm]
@@ -208,20 +334,34 @@ class WindowReader:
             rows = _gather(rows, order)
         elif keep is not None:
             survivors = np.flatnonzero(keep)
-            ranks = np.concatenate(local)[survivors].astype(np.int64)
+            ranks = np.concatenate(self.local)[survivors].astype(np.int64)
             rows = _gather(rows, survivors)
         else:
-            ranks = np.concatenate(local).astype(np.int64)
+            ranks = np.concatenate(self.local).astype(np.int64)
         if not rows.num_rows:
             return None, ranks
         batches = rows.combine_chunks().to_batches()
         return (batches[0] if len(batches) == 1 else pa.concat_batches(batches)), ranks
 
 
+def window_permutation(seed: int, epoch: int, worker: int, window: int, n: int) -> np.ndarray:
+    """The emission order of window ``window``'s ``n`` source rows: a uniform permutation fixed by its arguments."""
+    perm = np.random.default_rng([seed, epoch, worker, window]).permutation(n)
+    return perm.astype(np.uint16) if n <= 1 << 16 else perm.astype(np.uint32) if n <= 1 << 32 else perm
+
+
 def _gather(rows: pa.Table, order: np.ndarray) -> pa.Table:
-    """``rows.take(order)`` for indices known to be in range: uint32 and no bounds check (a quarter cheaper)."""
-    index = order.astype(np.uint32) if len(order) and rows.num_rows < 1 << 32 else order
-    return pc.take(rows, pa.array(index), boundscheck=False)
+    """``rows.take(order)`` for indices known to be in range: the narrowest index type, no bounds check.
+
+    ``rows`` stays chunked (one chunk per decoded slice): Arrow's take resolves
+    chunks itself, which measured cheaper than concatenating them first.
+    """
+    n = rows.num_rows
+    if order.dtype.itemsize > 2 and n <= 1 << 16:
+        order = order.astype(np.uint16)
+    elif order.dtype.itemsize > 4 and n <= 1 << 32:
+        order = order.astype(np.uint32)
+    return pc.take(rows, pa.array(order), boundscheck=False)
 
 
 # ------------------------------------------------------------------- quality

@@ -40,17 +40,23 @@ How:
 * **Speed.** Each open unit decodes in chunks of up to 65,536 rows (large
   reads decode cheaply; a unit that fits one chunk, typically one row group,
   is read in one call, faster than streaming it); a window is
-  permuted with one gather (no per-batch ``take``, no per-row Python) and
+  permuted with one gather (no per-batch ``take``, no per-row Python) of its
+  decoded slices as they are (a chunked table: no concatenation first) and
   batches are zero-copy slices of it (see ``featurelake.shuffle``). That
   gather is the cost a shuffle cannot avoid: unshuffled batches are slices of
-  decoded files, shuffled ones must move every row once, and on the benchmark
-  table it costs a third to a half of the decode's CPU (``benchmarks/training.py``
-  measures this floor). ``prefetch`` windows (default 1) are read ahead
-  on one thread while the consumer works, and the units a window opens decode
-  their first chunks on two threads; ``prefetch=0`` reads in the consumer's
-  thread. (Of the layouts tried on a shared 2-core machine, this one read
-  fastest; fully single-threaded was slowest.) Memory holds about
-  ``interleave`` decoded chunks and ``1 + prefetch`` windows.
+  decoded files, shuffled ones must move every row once (``benchmarks/training.py``
+  measures this floor). So the work is spread over the reader's threads,
+  started once per reader (not per epoch): one collects ``prefetch`` windows
+  (default 2) ahead of the consumer, in order; ``decode_threads`` workers
+  (default 2) decode ahead (each open unit's next chunk, and the units the next
+  windows open) and permute the windows collected: one prefers decoding, the
+  other permuting, each kind in the order of the windows that need it
+  (``featurelake.workpool``), so the two overlap and no more heavy threads run
+  than a small machine has cores. ``prefetch=0`` collects and
+  permutes in the consumer's thread; ``decode_threads=0`` decodes there too.
+  Memory holds about ``2 * interleave`` decoded chunks and ``1 + prefetch``
+  windows. Closing the iterator (or dropping it) stops the work of the epoch;
+  ``close()`` stops the threads.
 
 The pieces live in ``featurelake.shuffle`` (units, shards, windows, quality)
 and ``featurelake.sampling``; this module is the reader and its position.
@@ -60,8 +66,8 @@ with them shards are balanced in source rows, not in rows emitted.
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
+import os
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -71,7 +77,8 @@ from pyiceberg.expressions import BooleanExpression
 from featurelake import placement, refs
 from featurelake.errors import FeatureLakeError, SchemaMismatchError
 from featurelake.sampling import path_hash, row_uniforms
-from featurelake.shuffle import Piece, Unit, WindowReader, shard, shuffle_quality, windows
+from featurelake.shuffle import PERMUTE, Piece, Unit, WindowReader, shard, shuffle_quality, windows
+from featurelake.workpool import PriorityPool
 
 __all__ = [
     "TrainingReader", "Unit", "Piece", "shard", "windows", "shuffle_quality", "path_hash", "row_uniforms",
@@ -83,7 +90,7 @@ if TYPE_CHECKING:
 DEFAULT_TRAINING_BATCH = 1024
 DEFAULT_SHUFFLE_BUFFER = 65_536
 DEFAULT_INTERLEAVE = 8
-DECODE_THREADS = 2  # units opened by one window decode their first chunks in parallel
+DECODE_THREADS = 2  # workers decoding ahead and permuting windows (0: all in the collecting thread)
 _STATE_VERSION = 1
 
 
@@ -95,6 +102,10 @@ class TrainingReader:
     process's data-loader worker (``featurelake.torch`` does it from
     ``get_worker_info``); ``set_epoch`` starts another shuffle; ``state_dict``
     and ``load_state_dict`` save and restore the position between batches.
+    ``prefetch`` (windows collected ahead, default 2) and ``decode_threads``
+    (workers decoding ahead and permuting, default 2) change speed and memory,
+    never the rows or their order; the threads live as long as the reader
+    (``close`` stops them; a copied or forked reader starts its own).
     """
 
     def __init__(
@@ -123,7 +134,8 @@ class TrainingReader:
         worker_id: int = 0,
         num_workers: int = 1,
         even_batches: bool = False,
-        prefetch: int = 1,
+        prefetch: int = 2,
+        decode_threads: int = DECODE_THREADS,
     ) -> None:
         _check_int("batch_size", batch_size, 1)
         _check_int("shuffle_buffer", shuffle_buffer, 1)
@@ -132,6 +144,7 @@ class TrainingReader:
         _check_int("epoch", epoch, 0)
         _check_int("seed", seed, 0)
         _check_int("prefetch", prefetch, 0)
+        _check_int("decode_threads", decode_threads, 0)
         if not isinstance(rank, int) or not 0 <= rank < world_size:
             raise FeatureLakeError(f"rank must be in [0, world_size={world_size}), got {rank!r}")
         if sample is not None and not (isinstance(sample, (int, float)) and 0.0 < sample <= 1.0):
@@ -150,6 +163,9 @@ class TrainingReader:
         self.table = table
         self.even_batches = bool(even_batches)
         self.prefetch = prefetch
+        self.decode_threads = decode_threads
+        self._pools_: dict[str, ThreadPoolExecutor] = {}
+        self._pool_pid = os.getpid()
         self.batch_size = batch_size
         self.shuffle = bool(shuffle)
         self.seed = seed
@@ -342,57 +358,110 @@ class TrainingReader:
         g, _ = self.global_worker
         rest: list[pa.RecordBatch] = []  # rows waiting for the next batch (from earlier windows)
         rest_rows, rest_end = 0, (0, 0)
-        pool = ThreadPoolExecutor(1, thread_name_prefix="featurelake-train") if self.prefetch else None
-        decode = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="featurelake-decode") if DECODE_THREADS > 1 else None
-        with pool or nullcontext(), decode or nullcontext():
-            reader = WindowReader(self, units, epoch, g, decode)
-            futures: dict[int, Any] = {}
+        pool, work = self._pools()
+        reader = WindowReader(self, units, epoch, g, work, plan=plan)
+        futures: dict[int, Future] = {}
 
-            def window(w: int) -> tuple[pa.RecordBatch | None, np.ndarray]:
-                if pool is None:
-                    return reader.read(plan[w], w)
-                for v in range(w, min(len(plan), w + 1 + self.prefetch)):
-                    if v not in futures:
-                        futures[v] = pool.submit(reader.read, plan[v], v)
-                return futures.pop(w).result()
+        def prepared(v: int) -> Future:  # on the prefetch thread: windows are collected in order
+            job = reader.prepare(plan[v], v)
+            if work is None or reader.closed:
+                return _done(job.finish())
+            return reader.submit(job.finish, v, PERMUTE)
 
-            try:
-                for w in range(start_window, len(plan)):
-                    if limit is not None and self.batches_emitted >= limit:
-                        break
-                    rows, ranks = window(w)
-                    if rows is not None and w == start_window and start_offset:
-                        cut = int(np.searchsorted(ranks, start_offset))  # ranks increase: keep the rest
-                        rows, ranks = rows.slice(cut), ranks[cut:]
-                    if rows is None or not rows.num_rows:
+        def window(w: int) -> tuple[pa.RecordBatch | None, np.ndarray]:
+            if pool is None:
+                return reader.read(plan[w], w)
+            for v in range(w, min(len(plan), w + 1 + self.prefetch)):
+                if v not in futures:
+                    futures[v] = pool.submit(prepared, v)
+            return futures.pop(w).result().result()
+
+        try:
+            for w in range(start_window, len(plan)):
+                if limit is not None and self.batches_emitted >= limit:
+                    break
+                rows, ranks = window(w)
+                if rows is not None and w == start_window and start_offset:
+                    cut = int(np.searchsorted(ranks, start_offset))  # ranks increase: keep the rest
+                    rows, ranks = rows.slice(cut), ranks[cut:]
+                if rows is None or not rows.num_rows:
+                    continue
+                i, n = 0, rows.num_rows
+                if rest_rows:
+                    need = size - rest_rows
+                    if n < need:
+                        rest.append(rows)
+                        rest_rows, rest_end = rest_rows + n, (w, int(ranks[-1]))
                         continue
-                    i, n = 0, rows.num_rows
-                    if rest_rows:
-                        need = size - rest_rows
-                        if n < need:
-                            rest.append(rows)
-                            rest_rows, rest_end = rest_rows + n, (w, int(ranks[-1]))
-                            continue
-                        yield self._emit(pa.concat_batches(rest + [rows.slice(0, need)]), w, ranks[need - 1])
-                        rest, rest_rows, i = [], 0, need
-                    while n - i >= size and (limit is None or self.batches_emitted < limit):
-                        yield self._emit(rows.slice(i, size), w, ranks[i + size - 1])
-                        i += size
-                    if i < n:
-                        rest, rest_rows, rest_end = [rows.slice(i)], n - i, (w, int(ranks[-1]))
-                if rest_rows and not self.drop_last and limit is None:
-                    yield self._emit(pa.concat_batches(rest) if len(rest) > 1 else rest[0], *rest_end)
-                self._finished = True
-                self._position = (len(plan), 0)
-            finally:
-                for f in futures.values():
-                    f.cancel()
+                    yield self._emit(pa.concat_batches(rest + [rows.slice(0, need)]), w, ranks[need - 1])
+                    rest, rest_rows, i = [], 0, need
+                while n - i >= size and (limit is None or self.batches_emitted < limit):
+                    yield self._emit(rows.slice(i, size), w, ranks[i + size - 1])
+                    i += size
+                if i < n:
+                    rest, rest_rows, rest_end = [rows.slice(i)], n - i, (w, int(ranks[-1]))
+            if rest_rows and not self.drop_last and limit is None:
+                yield self._emit(pa.concat_batches(rest) if len(rest) > 1 else rest[0], *rest_end)
+            self._finished = True
+            self._position = (len(plan), 0)
+        finally:
+            # Stop reading ahead: windows not started are dropped, the one in flight is waited for (it may
+            # still be submitting decodes), so are permutations running; then queued decodes are dropped
+            # and running ones waited for. Nothing of this epoch runs after the iterator is closed.
+            reader.closed = True
+            for f in futures.values():
+                f.cancel()
+            gathers = []
+            for f in futures.values():
+                if not f.cancelled():
+                    wait([f])
+                    if f.exception() is None and not f.result().cancel():
+                        gathers.append(f.result())
+            wait(gathers)  # permutations already running (dropped, but done before this returns)
+            reader.close()
+
+    def _pools(self) -> tuple[ThreadPoolExecutor | None, PriorityPool | None]:
+        """The reader's threads, started once and kept for its lifetime: the window-prefetch thread (collects
+        windows in order) and ``decode_threads`` workers that decode ahead and permute the windows collected
+        (one prefers each kind; see ``featurelake.workpool``).
+
+        Starting threads per epoch costs a scheduling wait each on a busy
+        machine. A forked copy (a data-loader worker) starts its own: the
+        parent's threads do not exist there.
+        """
+        if self._pool_pid != os.getpid():
+            self._pools_ = {}
+            self._pool_pid = os.getpid()
+        if self.prefetch and "train" not in self._pools_:
+            self._pools_["train"] = ThreadPoolExecutor(1, thread_name_prefix="featurelake-train")
+        if self.decode_threads and "work" not in self._pools_:
+            self._pools_["work"] = PriorityPool(self.decode_threads, name="featurelake-work")
+        return self._pools_.get("train") if self.prefetch else None, self._pools_.get("work") if self.decode_threads else None
+
+    def close(self) -> None:
+        """Stop the reader's threads (they also stop when the reader is garbage-collected)."""
+        if self._pool_pid == os.getpid():
+            for pool in self._pools_.values():
+                pool.shutdown(wait=True, cancel_futures=True)
+        self._pools_ = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)  # threads do not travel (spawned data-loader workers start their own)
+        state["_pools_"] = {}
+        return state
 
     def _emit(self, batch: pa.RecordBatch, window: int, rank: int) -> pa.RecordBatch:
         """Hand out ``batch``, whose last row is rank ``rank`` of window ``window``."""
         self._position = (window, int(rank) + 1)
         self.batches_emitted += 1
         return batch
+
+
+def _done(value: Any) -> Future:
+    """A future that already holds ``value``."""
+    f: Future = Future()
+    f.set_result(value)
+    return f
 
 
 def _plan_units(scan: Any, tasks: list) -> list[Unit]:

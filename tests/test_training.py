@@ -347,6 +347,8 @@ def test_sequence_join(lake):
     ({"weight_column": "x"}, SchemaMismatchError),
     ({"columns": ["nope"]}, SchemaMismatchError),
     ({"worker_id": 2, "num_workers": 2}, FeatureLakeError),
+    ({"prefetch": -1}, FeatureLakeError),
+    ({"decode_threads": -1}, FeatureLakeError),
 ])
 def test_bad_arguments_are_refused(samples, kw, error):
     with pytest.raises(error):
@@ -358,3 +360,191 @@ def test_empty_table_and_filter_that_prunes_everything(lake, samples):
     r = TrainingReader(empty, batch_size=10, world_size=2, rank=1)
     assert list(r) == [] and r.num_rows == 0 and r.state_dict()["finished"]
     assert list(TrainingReader(samples, filter="k < 0")) == []
+
+
+# ------------------------------------------------------------ reading ahead
+SERIAL = {"prefetch": 0, "decode_threads": 0}  # everything on the consumer's thread: the reference order
+
+
+@pytest.mark.parametrize("kw", [{}, {"filter": "x > 0", "sample": 0.5}, {"rank": 1, "world_size": 2, "interleave": 2}])
+def test_decode_ahead_and_prefetch_change_nothing(samples, kw):
+    """The order of a reader that decodes ahead on threads and permutes windows on others is the serial one."""
+    base = {"columns": ["k", "x"], "batch_size": 70, "seed": 8, "shuffle_buffer": 600, "interleave": 3, **kw}
+    serial = keys_of(TrainingReader(samples, **base, **SERIAL))
+    assert keys_of(TrainingReader(samples, **base)) == serial
+    assert keys_of(TrainingReader(samples, **base, prefetch=4, decode_threads=1)) == serial
+    assert keys_of(TrainingReader(samples, **base, prefetch=0)) == serial  # decode-ahead without window prefetch
+    assert keys_of(TrainingReader(samples, **base, decode_threads=0)) == serial  # prefetch without decode-ahead
+
+
+def test_resume_with_reading_ahead_gives_exactly_the_rest(samples):
+    """Resumed at random points with decode-ahead and prefetch on: exactly the rows the serial oracle has left."""
+    kw = {"columns": ["k", "x"], "batch_size": 40, "seed": 11, "shuffle_buffer": 500, "interleave": 4}
+    oracle = keys_of(TrainingReader(samples, **kw, **SERIAL))
+    rng = np.random.default_rng(7)
+    for stop in sorted(rng.choice(np.arange(1, len(oracle) // 40), size=4, replace=False)):
+        first = TrainingReader(samples, **kw, prefetch=3)
+        it = iter(first)
+        head = [next(it) for _ in range(int(stop))]
+        state = first.state_dict()
+        it.close()
+        resumed = TrainingReader(samples, **kw, prefetch=3)
+        resumed.load_state_dict(state)
+        rest = keys_of(resumed)
+        assert keys_of(head) == oracle[: 40 * int(stop)]
+        assert rest == oracle[40 * int(stop):], stop
+
+
+def test_closing_mid_epoch_stops_reading_ahead(samples):
+    """An iterator closed after one batch leaves no decode or window queued, and nothing is decoded after."""
+    r = TrainingReader(samples, columns=["k", "x"], batch_size=20, shuffle_buffer=300, interleave=3, prefetch=3)
+    decoded = []
+    real = r.scan.read_range
+
+    def counting(*a, **k):
+        for chunk in real(*a, **k):
+            decoded.append(chunk[0].num_rows)
+            yield chunk
+
+    r.scan.read_range = counting
+    it = iter(r)
+    first = next(it)
+    it.close()
+    pools = dict(r._pools_)
+    assert set(pools) == {"train", "work"}
+    for pool in pools.values():  # the reader's threads stay (for the next epoch), idle: a task runs at once
+        assert pool.submit(lambda: 1).result(timeout=5) == 1
+    seen = len(decoded)
+    import time
+
+    time.sleep(0.2)
+    assert len(decoded) == seen < len(r.units)  # stopped early: not every unit was decoded
+    # the position is the first batch's: the rest is read by the next iteration, with the same threads
+    rest = keys_of(r)
+    assert r._pools_ == pools
+    full = keys_of(TrainingReader(samples, columns=["k", "x"], batch_size=20, shuffle_buffer=300, interleave=3, **SERIAL))
+    assert keys_of([first]) + rest == full
+    r.close()
+    assert r._pools_ == {} and all(p._shutdown for p in pools.values())
+    # a closed reader starts new threads if iterated again (the next epoch)
+    nxt = TrainingReader(samples, columns=["k", "x"], batch_size=20, shuffle_buffer=300, interleave=3, epoch=1, **SERIAL)
+    assert keys_of(r) == keys_of(nxt)
+    r.close()
+
+
+def test_reader_threads_live_for_the_reader_and_do_not_travel(samples):
+    import copy
+    import threading
+
+    r = TrainingReader(samples, columns=["k"], batch_size=50, shuffle_buffer=400)
+    epoch0 = keys_of(r)
+    pools = dict(r._pools_)
+    before = {t.ident for t in threading.enumerate() if t.name.startswith("featurelake-")}
+    epoch1 = keys_of(r)  # the next epoch: the same threads, none started
+    assert r._pools_ == pools
+    assert {t.ident for t in threading.enumerate() if t.name.startswith("featurelake-")} <= before | {None}
+    twin = copy.copy(r)  # copied state (as a data-loader worker gets it): no threads travel, it starts its own
+    assert twin._pools_ == {} and r._pools_ == pools
+    twin.set_epoch(0)
+    assert keys_of(twin) == epoch0 and epoch1 != epoch0
+    assert all(twin._pools_[k] is not pools[k] for k in pools)
+    twin.close()
+    r.close()
+
+
+def test_units_larger_than_a_decode_chunk(lake):
+    """A row group of 150,000 rows decodes in several chunks, each decoded ahead while the last is used."""
+    n = 150_000
+    data = pa.table({"k": np.arange(n, dtype=np.int64), "v": np.arange(n, dtype=np.float32)})
+    t = lake.create_table("ml.big", data.schema, primary_key="k", properties={"write.parquet.row-group-limit": str(n)})
+    t.append(data.slice(0, n // 2))
+    t.append(data.slice(n // 2))
+    kw = dict(batch_size=4096, seed=2, shuffle_buffer=16_384, interleave=2)
+    r = TrainingReader(t, **kw)
+    assert [u.rows for u in r.units] == [n // 2, n // 2]  # each more than one chunk (65,536 rows)
+    got = pa.Table.from_batches(list(r))
+    assert sorted(got.column("k").to_pylist()) == list(range(n))
+    assert (got.column("v").to_numpy() == got.column("k").to_numpy().astype(np.float32)).all()
+    serial = TrainingReader(t, **kw, **SERIAL)
+    assert pa.Table.from_batches(list(serial)).column("k").to_pylist() == got.column("k").to_pylist()
+
+
+def test_window_permutation_is_a_fixed_uniform_permutation():
+    from featurelake.shuffle import window_permutation
+
+    for n, dtype in [(1, np.uint16), (1000, np.uint16), (1 << 16, np.uint16), ((1 << 16) + 1, np.uint32)]:
+        p = window_permutation(3, 1, 0, 5, n)
+        assert p.dtype == dtype and np.array_equal(np.sort(p), np.arange(n))
+        assert np.array_equal(p, window_permutation(3, 1, 0, 5, n))
+    assert not np.array_equal(window_permutation(3, 1, 0, 5, 1000), window_permutation(3, 1, 0, 6, 1000))
+    # uniform: each source row lands in each quarter of the window about equally often
+    hits = np.zeros((8, 4))
+    for w in range(400):
+        p = window_permutation(1, 0, 0, w, 8).astype(np.int64)
+        hits[p, np.arange(8) // 2] += 1
+    assert np.abs(hits / 400 - 0.25).max() < 0.1
+
+
+def _child_keys(reader, out) -> None:
+    reader.set_worker(1, 2)
+    out.put(keys_of(reader))
+
+
+def test_forked_worker_starts_its_own_threads(samples):
+    """A reader whose threads are running, forked (as DataLoader workers are): the child reads its share."""
+    import multiprocessing as mp
+
+    r = TrainingReader(samples, columns=["k"], batch_size=50, shuffle_buffer=400)
+    keys_of(r)  # the parent's threads exist now
+    r.set_epoch(0)
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_child_keys, args=(r, out))
+    child.start()
+    got = out.get(timeout=60)
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    assert got == keys_of(TrainingReader(samples, columns=["k"], batch_size=50, shuffle_buffer=400, worker_id=1,
+                                         num_workers=2, **SERIAL))
+    r.close()
+
+
+@pytest.mark.parametrize("kw", [{}, {"rank": 2, "world_size": 3, "epoch": 4}])
+def test_order_matches_an_oracle_built_from_the_plan(samples, kw):
+    """The stream, read with every thread on, is the plan applied the obvious way: each window's source rows
+    (its pieces, laid end to end, looked up in ``t.read``) in the order of that window's permutation."""
+    from featurelake.shuffle import window_permutation, windows
+
+    r = TrainingReader(samples, columns=["k"], batch_size=64, seed=5, shuffle_buffer=500, interleave=3, **kw)
+    located = samples.read(columns=["k"], with_locator=True).to_pydict()
+    key_at = {(f, p): k for f, p, k in zip(located["_file"], located["_pos"], located["k"])}
+    units = r.shard_units()
+    g, _ = r.global_worker
+    expected: list[int] = []
+    for w, window in enumerate(windows(units, 3, 500)):
+        rows = [key_at[(r.tasks[units[p.slot].task].file.file_path, pos)] for p in window for pos in range(p.start, p.stop)]
+        expected.extend(rows[i] for i in window_permutation(5, r.epoch, g, w, len(rows)))
+    assert keys_of(r) == expected
+
+
+def test_a_decode_error_reaches_the_consumer_and_the_reader_recovers(samples):
+    """An error raised while decoding ahead (on a reader thread) is raised by the iterator; the threads stay
+    usable and a later epoch reads everything."""
+    kw = {"columns": ["k"], "batch_size": 30, "shuffle_buffer": 300, "interleave": 3}
+    r = TrainingReader(samples, prefetch=3, **kw)
+    real = r.scan.read_range
+    calls = []
+
+    def failing(*a, **k):
+        calls.append(1)
+        if len(calls) == 5:
+            raise OSError("disk on fire")
+        yield from real(*a, **k)
+
+    r.scan.read_range = failing
+    with pytest.raises(OSError, match="disk on fire"):
+        keys_of(r)
+    r.scan.read_range = real
+    r.set_epoch(1)
+    assert keys_of(r) == keys_of(TrainingReader(samples, epoch=1, **kw, **SERIAL))
+    r.close()
