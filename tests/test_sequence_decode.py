@@ -63,6 +63,31 @@ def test_dictionary_strings_equal_arrows_take(words, typ):
 
 
 # -------------------------------------------------------------- row ranges
+@pytest.mark.parametrize("typ", [pa.string(), pa.large_string()])
+def test_kgram_offsets_match_per_value_lengths_at_every_tail(typ):
+    """The offsets gathered k at a time from the k-gram table equal the cumulated per-value lengths, for every
+    count modulo k (the last k-gram padded), slices of a larger array (non-zero start), and nulls."""
+    words = ["", "a", "ab", "achat-é", "purchase"]
+    strings = DictionaryStrings(pa.array(words, typ))
+    assert strings.k > 1
+    lens = np.array([len(w.encode()) for w in words])
+    ends = strings._ends()
+    assert ends.shape == (strings.base ** strings.k, strings.k)
+    rng = np.random.default_rng(7)
+    pool = rng.integers(0, len(words), 4 * strings.k + 257).astype(np.uint8)
+    for n in range(2 * strings.k, 2 * strings.k + 2 * strings.k + 1):
+        for start in (0, 3):
+            codes = pool[start : start + n]
+            for valid in (None, rng.random(n) < 0.6):
+                got = strings.decode(codes, valid)
+                got.validate(full=True)
+                want_lens = np.where(valid if valid is not None else True, lens[codes], 0)
+                offsets = np.frombuffer(got.buffers()[1], "<i8" if typ == pa.large_string() else "<i4")[: n + 1]
+                assert offsets[0] == 0 and (offsets[1:] == np.cumsum(want_lens)).all()
+                want = [None if valid is not None and not valid[i] else words[c] for i, c in enumerate(codes)]
+                assert got.to_pylist() == want
+
+
 @pytest.mark.parametrize("lengths", [[5, 5, 5], [0, 5, 0, 5, 5], [3, 0, 7, 1], [0, 0], [1]])
 def test_row_ranges_copy_each_rows_range(lengths):
     rng = np.random.default_rng(len(lengths))
@@ -263,3 +288,32 @@ def test_a_part_wider_than_the_parts_before_it_widens_the_pool(lake, threads):
                                 None, threads, 8)
     assert store._planes[(0, "a")] == 8
     assert got.to_pylist() == oracle(stored, keys, befores, ["a", "s4"], 2 * C, key="user", time="t")
+
+
+def test_four_threads_looking_up_at_once_match_the_serial_oracle(widths_table):
+    """Four callers share one store (its learned widths, each thread's scratch buffers, the multi-get pool), each
+    with threads=4 and several parts a batch, windows and max_len at chunk edges: each equals the pandas oracle."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    st = widths_table
+    st.build(chunk_events=C)
+    stored = st.read()
+    store = st.open_store()
+    rng = np.random.default_rng(31)
+    jobs = []
+    for i in range(16):
+        keys, befores = _rows(rng, 200)
+        max_len, window = CASES[i % len(CASES)]
+        jobs.append((keys, befores, ATTRS if i % 2 else ["s4", "a", "t"], max_len, window))
+    wants = [oracle(stored, k, b, cols, ml, w, key="user", time="t") for k, b, cols, ml, w in jobs]
+
+    def run(job):
+        keys, befores, cols, max_len, window = job
+        got, _ = store.lookup_stats(as_array(pa.array(keys, pa.int64()), store.key_type), befores, cols, max_len,
+                                    window, 4, 8)
+        got.validate(full=True)
+        return got.to_pylist()
+
+    for _ in range(2):
+        with ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(run, jobs)) == wants
