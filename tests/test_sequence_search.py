@@ -5,9 +5,9 @@
   (the binary-search fallback), queries before the first and after the last
   event, at event times, negative times, runs appended over several calls, and a
   frozen view unchanged by later appends.
-* ``lookup._pairs`` (the distinct chunks a batch's rows need) against a Python
+* ``search.chunk_pairs`` (the distinct chunks a batch's rows need) against a Python
   set of every (user, chunk) named, on the dense line and on the sort fallback.
-* ``lookup._count_below`` (the cut inside a chunk) against a per-query count,
+* ``search.count_below`` (the cut inside a chunk) against a per-query count,
   with junk in the padding slots and chunk sizes that are not whole blocks.
 * the history cache's join (``layout="list_view", cache_bytes=...``) against the
   pandas oracle of ``test_sequences``: dense int keys (segment table), sparse int
@@ -26,7 +26,7 @@ import pytest
 
 from featurelake.sequences import as_list, listview
 from featurelake.sequences.join import pipelined
-from featurelake.sequences.lookup import _count_below, _pairs
+from featurelake.sequences.search import chunk_pairs as _pairs, count_below as _count_below
 from featurelake.sequences.timegrid import TimeGrid
 from test_sequences import T0, oracle
 

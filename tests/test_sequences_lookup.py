@@ -241,7 +241,8 @@ def test_parallel_assembly_and_validity_match_oracle(lake, monkeypatch, nulls):
 
 
 def test_ranges_and_bisect_match_numpy():
-    from featurelake.sequences.lookup import _ranges, bisect_left
+    from featurelake.sequences.lookup import _ranges
+    from featurelake.sequences.search import bisect_left
 
     rng = np.random.default_rng(4)
     for _ in range(50):

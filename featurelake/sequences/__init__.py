@@ -57,7 +57,8 @@ The package is split by concept; this ``__init__`` re-exports the public face:
 * :mod:`featurelake.sequences.lookup` -- :class:`SequenceStore`: one build opened
   for serving, and the conversion of keys, times and windows;
   :mod:`featurelake.sequences.gather` -- copying rows' ranges of events out of the
-  decoded chunks; :mod:`featurelake.sequences.strings` -- dictionary codes to strings.
+  decoded chunks; :mod:`featurelake.sequences.strings` -- dictionary codes to strings;
+  :mod:`featurelake.sequences.search` -- the vectorized searches of a batch (chunks needed, cuts in a chunk).
 * :mod:`featurelake.sequences.store` -- the key-value interface, RocksDB behind it,
   and the key codec; :mod:`featurelake.sequences.codecs` -- the fixed and IPC chunk codecs;
   :mod:`featurelake.sequences.packed` -- the

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from featurelake.sequences.lookup import bisect_left
+from featurelake.sequences.search import bisect_left
 
 CELLS_PER_EVENT = 2  # grid cells per event of a run: ~0.5 events a cell when times are spread evenly
 STEPS = 8            # forward steps inside a cell before the crowded rows fall back to a binary search
