@@ -91,7 +91,7 @@ DEFAULT_TRAINING_BATCH = 1024
 DEFAULT_SHUFFLE_BUFFER = 65_536
 DEFAULT_INTERLEAVE = 8
 DECODE_THREADS = 2  # workers decoding ahead and permuting windows (0: all in the collecting thread)
-_STATE_VERSION = 1
+_STATE_VERSION = 2  # 2: windows permuted by Fisher-Yates over SplitMix64 (1 used Generator.permutation)
 
 
 # -------------------------------------------------------------------- reader
@@ -304,7 +304,10 @@ class TrainingReader:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state``: the next batch starts at the first row not yet handed out."""
         if not isinstance(state, Mapping) or state.get("version") != _STATE_VERSION:
-            raise FeatureLakeError(f"not a TrainingReader state (version {_STATE_VERSION}): {state!r}")
+            raise FeatureLakeError(
+                f"not a TrainingReader state of this featurelake (version {_STATE_VERSION}; a state of another version "
+                f"orders rows differently and cannot resume exactly): {state!r}"
+            )
         mine = self._layout()
         differ = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
         if differ:

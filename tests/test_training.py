@@ -271,6 +271,9 @@ def test_state_from_another_layout_is_refused(samples):
         TrainingReader(samples, batch_size=11, world_size=2).load_state_dict(state)
     with pytest.raises(FeatureLakeError, match="not a TrainingReader state"):
         r.load_state_dict({"epoch": 1})
+    # a state of the version before the SplitMix64 shuffle: its windows were permuted differently
+    with pytest.raises(FeatureLakeError, match="orders rows differently"):
+        r.load_state_dict({**state, "version": 1})
 
 
 @both_backends
@@ -548,3 +551,21 @@ def test_a_decode_error_reaches_the_consumer_and_the_reader_recovers(samples):
     r.set_epoch(1)
     assert keys_of(r) == keys_of(TrainingReader(samples, epoch=1, **kw, **SERIAL))
     r.close()
+
+
+def test_window_permutation_is_fisher_yates_over_splitmix64():
+    """Oracle: the textbook Fisher-Yates loop in Python over SplitMix64 draws from the same SeedSequence start."""
+    from featurelake.shuffle import window_permutation
+
+    mask = (1 << 64) - 1
+    for n in (1, 2, 7, 1000, 70_000):
+        x = int(np.random.SeedSequence([9, 2, 1, 4]).generate_state(1, np.uint64)[0])
+        expected = list(range(n))
+        for i in range(n - 1, 0, -1):
+            x = (x + 0x9E3779B97F4A7C15) & mask
+            z = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+            z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+            z ^= z >> 31
+            j = ((z >> 32) * (i + 1)) >> 32
+            expected[i], expected[j] = expected[j], expected[i]
+        assert window_permutation(9, 2, 1, 4, n).tolist() == expected
