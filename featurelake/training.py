@@ -77,7 +77,7 @@ from pyiceberg.expressions import BooleanExpression
 from featurelake import placement, refs
 from featurelake.errors import FeatureLakeError, SchemaMismatchError
 from featurelake.sampling import path_hash, row_uniforms
-from featurelake.shuffle import PERMUTE, Piece, Unit, WindowReader, shard, shuffle_quality, windows
+from featurelake.shuffle import PERMUTE, Piece, Unit, WindowReader, prepare_permutations, shard, shuffle_quality, windows
 from featurelake.workpool import PriorityPool
 
 __all__ = [
@@ -212,6 +212,8 @@ class TrainingReader:
         placement.record(self.scan.ice, self.scan.read_schema.column_names if wanted is not None else None)
         self._hashes = [path_hash(t.file.file_path) for t in self.tasks]
         self.units = _plan_units(self.scan, self.tasks)
+        if self.shuffle:  # loaded here, before DataLoader forks its workers: each would pay ~0.5 s per epoch
+            prepare_permutations()
         self.num_rows = sum(u.rows for u in self.units)
         self._position = (0, 0)  # (window, rank in window): the next row to emit
         self._finished = False
