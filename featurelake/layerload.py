@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 POS_FIELD_ID = 2147483645  # Iceberg's reserved field id of the `_pos` metadata column
 THREADED_LAYER_BYTES = 1 << 20  # an update file decoded on Arrow's thread pool above this size (small ones: on one thread)
 REMOTE_THREADS = 16  # files in flight on an object store, where each read waits on latency, not on a core
+SMALL_LAYER_FILE_BYTES = 4 << 20  # a local update file up to this size is read in one call and parsed from memory
+_CHANGED_RETRIES = 3  # times a local update file replaced between its stat and its open is stat'ed again
 
 class LayerLoading:
     """The update-layer half of a scan. Needs from the scan: ``state``, ``read_ids``, ``read_schema``,
@@ -116,11 +118,17 @@ class LayerLoading:
 
     def _load_layer(self, entry: UpdateEntry) -> tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]:
         ids = tuple(i for i in entry.field_ids if i in self.read_ids)
-        key, file_key = self._layer_key(entry, ids)
-        found = readfiles.LAYERS.get(key)
-        if found is not None:
-            return entry, found[0], found[1]
-        pos, batch = self._decode_layer(entry, ids, file_key)
+        for attempt in range(_CHANGED_RETRIES + 1):
+            key, file_key = self._layer_key(entry, ids)
+            found = readfiles.LAYERS.get(key)
+            if found is not None:
+                return entry, found[0], found[1]
+            try:
+                pos, batch = self._decode_layer(entry, ids, file_key)
+                break
+            except openfiles.FileChangedError:  # replaced between the stat and the open (tests, other tools): stat again
+                if attempt == _CHANGED_RETRIES:
+                    raise CorruptFileError(f"file {entry.update_file} keeps changing while it is read", entry.update_file)
         readfiles.LAYERS.put(key, (pos, batch), batch.get_total_buffer_size() + (pos.nbytes if pos is not None else 0))
         return entry, pos, batch
 
@@ -143,24 +151,19 @@ class LayerLoading:
 
         Read in one go, without the batching of data-file reads; on this thread unless the
         projection is large (a dense layer of a big file): below a few MB handing column chunks
-        to Arrow's pool costs more than decoding them.
+        to Arrow's pool costs more than decoding them. A small local file is read whole in one
+        call and parsed from memory (:func:`_read_small`); others through a kept-open reader.
         """
         requested = self._layer_schemas.get(ids)
         if requested is None:
             requested = self._layer_schemas[ids] = Schema(*[f for f in self.read_schema.fields if f.field_id in ids])
         target = self._target(requested)
         path = entry.update_file
-        pf, lease = self._open_leased(path, entry.bytes, file_key)
-        ok = False
-        try:
-            projected, columns, extra = readfiles.projection(pf, frozenset(ids), () if entry.dense else (POS_FIELD_ID,))
-            # the file's size says whether Arrow's pool pays (the footer's per-column sizes cost a walk)
-            table = pf.read(columns=columns + extra, use_threads=(entry.bytes or 0) > THREADED_LAYER_BYTES)
-            ok = True
-        except (OSError, pa.ArrowInvalid) as e:
-            raise CorruptFileError(f"file {path} is corrupt: {e}", path) from e
-        finally:
-            readfiles.release(lease, ok)
+        extra_ids = () if entry.dense else (POS_FIELD_ID,)
+        if file_key is not None and entry.bytes and entry.bytes <= SMALL_LAYER_FILE_BYTES:
+            table, projected, columns, extra = _read_small(path, file_key, frozenset(ids), extra_ids)
+        else:
+            table, projected, columns, extra = self._read_leased(entry, frozenset(ids), extra_ids, file_key)
         try:
             batches = table.to_batches()
             if len(batches) != 1:  # several row groups (or none): one batch
@@ -176,14 +179,64 @@ class LayerLoading:
             return None, values
         if not extra:
             raise CorruptFileError(f"update file {path} has no row positions (_pos)", path)
-        column = raw.column(extra[0])
-        data = column.buffers()[1] if column.type == pa.int64() and not column.null_count else None
-        pos = (np.frombuffer(data, dtype=np.int64, count=column.offset + len(column))[column.offset:]
-               if data is not None else column.to_numpy(zero_copy_only=False))
-        # the overlay finds a batch's rows by binary search: positions out of order would put values on wrong rows
-        if column.null_count or (len(pos) > 1 and not bool(np.all(pos[1:] > pos[:-1]))) or (len(pos) and pos[0] < 0):
-            raise CorruptFileError(f"update file {path} has row positions that are null, negative or out of order", path)
-        return pos, values
+        return _positions(raw.column(extra[0]), path), values
+
+    def _read_leased(
+        self, entry: UpdateEntry, ids: frozenset[int], extra_ids: tuple[int, ...], file_key: tuple | None
+    ) -> tuple[pa.Table, Schema, list[str], list[str]]:
+        """An update file's columns of ``ids`` plus extras, through an opened reader (kept open locally,
+        a fragment on an object store); with the file's projection (:func:`readfiles.projection`)."""
+        path = entry.update_file
+        pf, lease = self._open_leased(path, entry.bytes, file_key)
+        ok = False
+        try:
+            projected, columns, extra = readfiles.projection(pf, ids, extra_ids)
+            # the file's size says whether Arrow's pool pays (the footer's per-column sizes cost a walk)
+            table = pf.read(columns=columns + extra, use_threads=(entry.bytes or 0) > THREADED_LAYER_BYTES)
+            ok = True
+        except (OSError, pa.ArrowInvalid) as e:
+            raise CorruptFileError(f"file {path} is corrupt: {e}", path) from e
+        finally:
+            readfiles.release(lease, ok)
+        return table, projected, columns, extra
+
+
+def _read_small(
+    path: str, key: tuple, ids: frozenset[int], extra_ids: tuple[int, ...]
+) -> tuple[pa.Table, Schema, list[str], list[str]]:
+    """A small local update file's columns of ``ids`` plus extras: the file read in one call, parsed from
+    memory, its columns picked by leaf index (worked out once per file schema: update files of one
+    backfill share it); with the file's projection. Nothing is kept open: the decoded layer is what
+    later reads reuse. FileChangedError when the file was replaced since ``key`` was taken.
+    """
+    try:
+        data = openfiles.read_whole(key)
+    except FileNotFoundError as e:
+        raise CorruptFileError(f"file {path} is missing", path) from e
+    except openfiles.FileChangedError:
+        raise
+    except OSError as e:
+        raise CorruptFileError(f"file {path} cannot be read: {e}", path) from e
+    try:
+        reader = readfiles.ParquetReader()
+        reader.open(pa.BufferReader(data), pre_buffer=False)
+        projected, columns, extra, leaves = readfiles.leaf_projection(reader, ids, extra_ids)
+        table = reader.read_all(column_indices=leaves, use_threads=len(data) > THREADED_LAYER_BYTES)
+    except (OSError, pa.ArrowInvalid) as e:
+        raise CorruptFileError(f"file {path} is corrupt: {e}", path) from e
+    return table, projected, columns, extra
+
+
+def _positions(column: pa.Array, path: str) -> np.ndarray:
+    """A sparse layer's row positions as int64, checked: null, negative or out-of-order ones are a
+    CorruptFileError (the overlay finds a batch's rows by binary search: positions out of order would
+    put values on wrong rows)."""
+    data = column.buffers()[1] if column.type == pa.int64() and not column.null_count else None
+    pos = (np.frombuffer(data, dtype=np.int64, count=column.offset + len(column))[column.offset:]
+           if data is not None else column.to_numpy(zero_copy_only=False))
+    if column.null_count or (len(pos) > 1 and not bool(np.all(pos[1:] > pos[:-1]))) or (len(pos) and pos[0] < 0):
+        raise CorruptFileError(f"update file {path} has row positions that are null, negative or out of order", path)
+    return pos
 
 
 def _no_layers() -> list:

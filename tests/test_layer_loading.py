@@ -258,8 +258,60 @@ def test_forget_files_takes_locations_in_any_spelling(lake):
     t, _, backfill = _build(lake, rng)
     backfill("a", 0.2, pa.float32())
     t.read(columns=["id", "a"])
-    files = _update_files(t)
-    assert any(openfiles.idle_count(p) for p in files)
-    readfiles.forget_files(["file://" + p for p in files])
-    assert not any(openfiles.idle_count(p) for p in files)
+    files = _update_files(t)  # small update files are read whole, not kept open: their decoded layers are kept
+    data_files = [task.file.file_path for task in t.scan().tasks()]
+    assert any(readfiles._names_path(k, set(files)) for k in readfiles.LAYERS.items)
+    assert any(openfiles.idle_count(p) for p in data_files)
+    readfiles.forget_files(["file://" + p for p in files + data_files])
+    assert not any(openfiles.idle_count(p) for p in data_files)
     assert not any(readfiles._names_path(k, set(files)) for k in readfiles.LAYERS.items)
+
+
+def test_small_update_files_read_whole_equal_the_kept_open_reader_and_pyarrow(lake):
+    """The small-file path (read in one call, parsed from memory, columns picked by leaf index) gives
+    exactly what the kept-open reader gives and what pyarrow reads of the file by hand: flat and
+    nested columns, several columns in one update file read one projection at a time, sparse and dense."""
+    from dataclasses import replace
+
+    from featurelake import openfiles
+    from featurelake.layerload import POS_FIELD_ID, SMALL_LAYER_FILE_BYTES
+
+    n = 900
+    rng = np.random.default_rng(23)
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("x", pa.float64())])
+    t = lake.create_table("ns.small", schema, primary_key="id", partition_by=[])
+    for f in range(3):
+        t.append(pa.table({"id": np.arange(f * 300, (f + 1) * 300, dtype=np.int64), "x": rng.standard_normal(300)}))
+    keys = np.sort(rng.choice(n, 200, replace=False))
+    t.backfill(pa.table({  # one update file per data file holding four columns, two of them nested
+        "id": pa.array(keys),
+        "x": pa.array(rng.standard_normal(200), mask=rng.random(200) < 0.2),
+        "l": pa.array([[int(v)] * int(v % 3) if v % 5 else None for v in keys], pa.list_(pa.int64())),
+        "st": pa.array([{"p": int(v), "q": f"q{v}"} for v in keys], pa.struct([("p", pa.int32()), ("q", pa.string())])),
+        "f": pa.array(keys.astype(np.float32)),
+    }))
+    t.backfill(pa.table({"id": np.arange(n, dtype=np.int64), "f": rng.standard_normal(n).astype(np.float32)}))  # dense
+    assert any(len(e.field_ids) == 4 for e in t.scan().state.entries())
+    ice = t.iceberg.schema()
+    for columns in (["x"], ["l", "f"], ["st"], ["id", "x", "l", "st", "f"]):
+        scan = t.scan(columns=columns)
+        entries = [e for e in scan.state.entries() if any(i in scan.read_ids for i in e.field_ids)]
+        assert entries and all(0 < e.bytes <= SMALL_LAYER_FILE_BYTES for e in entries)
+        for e in entries:
+            ids = tuple(i for i in e.field_ids if i in scan.read_ids)
+            key = openfiles.file_key(e.update_file)
+            readfiles.forget_files([e.update_file])
+            pos, values = scan._decode_layer(e, ids, key)  # the small-file path
+            kept_pos, kept = scan._decode_layer(replace(e, bytes=0), ids, key)  # size unknown: a kept-open reader
+            assert values.equals(kept) and values.schema.equals(kept.schema)
+            by_hand = pq.read_table(e.update_file)
+            names = [ice.find_column_name(i) for i in ids]
+            assert values.to_pydict() == by_hand.select(names).to_pydict()
+            if e.dense:
+                assert pos is None and kept_pos is None
+            else:
+                pos_name = next(f.name for f in by_hand.schema if f.metadata and int(f.metadata[b"PARQUET:field_id"]) == POS_FIELD_ID)
+                assert np.array_equal(pos, kept_pos) and np.array_equal(pos, by_hand.column(pos_name).to_numpy())
+        readfiles.forget_files(_update_files(t))
+        first = t.read(columns=columns)
+        assert first.equals(t.read(columns=columns))  # first read == cached read

@@ -221,10 +221,14 @@ def test_a_deleted_file_through_storage_is_forgotten(tmp_path, lake):
 
     t, _ = _layered(lake, np.random.default_rng(4), files=2)
     t.read()
-    victim = next(e.update_file for e in t.scan().state.entries())
+    victim = t.scan().tasks()[0].file.file_path  # a data file: kept open (small update files are read whole)
+    layer = next(e.update_file for e in t.scan().state.entries())  # its decoded layer is kept
     assert openfiles.idle_count(victim) == 1
+    assert any(readfiles._names_path(k, {layer}) for k in readfiles.LAYERS.items)
     storage_of(t.iceberg.io).delete(victim)
+    storage_of(t.iceberg.io).delete(layer)
     assert openfiles.idle_count(victim) == 0
+    assert not any(readfiles._names_path(k, {layer}) for k in readfiles.LAYERS.items)
 
 
 def test_a_file_replaced_between_stat_and_open_is_never_read_under_the_old_key(tmp_path):
