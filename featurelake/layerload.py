@@ -179,7 +179,8 @@ class LayerLoading:
             return None, values
         if not extra:
             raise CorruptFileError(f"update file {path} has no row positions (_pos)", path)
-        return _positions(raw.column(extra[0]), path), values
+        # both reads return the columns in the order asked for, so _pos follows the values (by index: a lookup by name costs more)
+        return _positions(raw.column(len(columns)), path), values
 
     def _read_leased(
         self, entry: UpdateEntry, ids: frozenset[int], extra_ids: tuple[int, ...], file_key: tuple | None
