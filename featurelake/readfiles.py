@@ -309,6 +309,7 @@ def clear_caches() -> None:
     _FOOTERS.items.clear()
     LAYERS.clear()
     _PROJECTIONS.clear()
+    _LEAF_PROJECTIONS.clear()
     _PLANS.clear()
     openfiles.clear()
 
@@ -338,14 +339,27 @@ def leaf_projection(
 ) -> tuple[Schema, list[str], list[str], list[int]]:
     """:func:`projection` of a file opened as a bare ``ParquetReader`` (no ``ParquetFile``, no
     :class:`Footer`), plus the leaf column indices that read those columns, as ``ParquetFile.read``
-    would pick them. Cached by the file's Arrow schema (with field ids), which fixes its leaves.
+    would pick them.
+
+    Kept per Parquet schema, compared with ``ParquetSchema.equals`` (names, types, repetition and
+    field ids of every node): it fixes the leaves and, by field id, the columns and their Iceberg
+    types. Comparing it costs a few us; converting to Arrow and serializing, as :func:`projection`
+    keys on, costs ~30 us, as much as a small update file's own Python. Update files of one
+    backfill share one schema, so each (ids, extras) holds one or a few.
     """
-    schema = reader.schema_arrow
-    key = (schema.serialize().to_pybytes(), ids, extra_ids, "leaves")
-    found = _PROJECTIONS.get(key)
-    if found is None:
-        projected, columns, extra = _project(schema, ids, extra_ids)
-        found = _remember(key, (projected, columns, extra, leaf_indices(reader, columns + extra)))
+    schema = reader.metadata.schema
+    known = _LEAF_PROJECTIONS.setdefault((ids, extra_ids), [])
+    for candidate, found in known:
+        if candidate.equals(schema):
+            return found
+    projected, columns, extra = _project(reader.schema_arrow, ids, extra_ids)
+    found = (projected, columns, extra, leaf_indices(reader, columns + extra))
+    if len(known) >= 8:
+        del known[0]
+    if len(_LEAF_PROJECTIONS) > 1024:
+        _LEAF_PROJECTIONS.clear()
+        known = _LEAF_PROJECTIONS.setdefault((ids, extra_ids), [])
+    known.append((schema, found))
     return found
 
 
@@ -366,6 +380,9 @@ def _project(schema: pa.Schema, ids: frozenset[int], extra_ids: tuple[int, ...])
         except ValueError:
             pass
     return projected, [c.name for c in projected.columns], extra
+
+
+_LEAF_PROJECTIONS: "dict[tuple[frozenset[int], tuple[int, ...]], list[tuple[pq.ParquetSchema, tuple]]]" = {}
 
 
 def _remember(key: tuple, value: tuple) -> tuple:

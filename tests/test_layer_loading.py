@@ -315,3 +315,22 @@ def test_small_update_files_read_whole_equal_the_kept_open_reader_and_pyarrow(la
         readfiles.forget_files(_update_files(t))
         first = t.read(columns=columns)
         assert first.equals(t.read(columns=columns))  # first read == cached read
+
+
+def test_leaf_projection_tells_files_apart_by_field_id():
+    """Files whose columns share names and types but not field ids get their own projections
+    (the cache compares Parquet schemas field ids included): never a column taken by name alone."""
+    import io
+
+    def reader(ids: tuple[int, int]):
+        schema = pa.schema([pa.field(name, pa.float32(), metadata={"PARQUET:field_id": str(fid)}) for name, fid in zip("ab", ids)])
+        sink = io.BytesIO()
+        pq.write_table(pa.table({"a": pa.array([1.0], pa.float32()), "b": pa.array([2.0], pa.float32())}).cast(schema), sink)
+        r = readfiles.ParquetReader()
+        r.open(pa.BufferReader(sink.getvalue()), pre_buffer=False)
+        return r
+
+    readfiles.clear_caches()
+    for ids, expected in (((7, 8), ["a"]), ((8, 7), ["b"]), ((7, 8), ["a"]), ((9, 10), [])):
+        _, columns, extra, leaves = readfiles.leaf_projection(reader(ids), frozenset({7}), ())
+        assert columns == expected and extra == [] and leaves == [ord(c) - ord("a") for c in expected]
