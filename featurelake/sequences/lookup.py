@@ -28,9 +28,10 @@ from featurelake.sequences.arguments import before_ints, parse_key_type, window_
 from featurelake.sequences.buildinfo import BUILD_FORMAT, DEFAULT_THREADS, READ_FORMATS, BuildInfo, SequenceBuildError
 from featurelake.sequences.layout import _int_times
 from featurelake.sequences.codecs import FixedCodec
-from featurelake.sequences.gather import RowRanges, scratch_array
+from featurelake.sequences.gather import scratch_array
 from featurelake.sequences.gather import ranges as _ranges
 from featurelake.sequences.heads import Heads
+from featurelake.sequences.kernels import dictionary_words, kernels
 from featurelake.sequences.search import chunk_pairs, count_below
 from featurelake.sequences.store import READERS, KeyCodec, backend_from_dict
 
@@ -74,6 +75,7 @@ class SequenceStore:
         self.last_stats: dict[str, int] = {}
         self._fields: dict[str, pa.Field] = {}
         self._types: dict[tuple, pa.DataType] = {}
+        self._dicts: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # _dict_bytes
         self.recorder: list[list[bytes]] | None = None  # set to a list to keep every key fetched (benchmarks)
         self.head_cache: Any = None  # a HeadCache (featurelake.sequences.heads): set by views, whose stores are their own
         # (group, column) -> bytes a value needed in the last lookup of this build (kept for the process: a lookup
@@ -127,7 +129,7 @@ class SequenceStore:
 
     def _fetch(self, users: np.ndarray, chunks: np.ndarray, names: dict[int, list[str]], threads: int,
                batch: int, stats: dict, partial: dict[int, tuple[list[str], np.ndarray]] | None = None,
-               scratch: bool = False, narrow: bool = False) -> dict[int, Any]:
+               scratch: bool = False, narrow: bool = False, compiled: bool = False) -> dict[int, Any]:
         """Chunks of (user, chunk) pairs for the groups in ``names``, fetched and decoded in parallel.
 
         Per group: fixed codec -> {column: (values, validity)} with
@@ -146,6 +148,11 @@ class SequenceStore:
         widens the batch's pool of that column (the slots decoded so far are
         copied over) and the later parts decode at the new width. No part's
         values outlive its decoding: their memory is reused, still in cache.
+        ``compiled`` (used when every group is fixed-codec): each part is
+        decoded by the compiled kernels (:mod:`featurelake.sequences.kernels`),
+        without the GIL, in the pool thread that fetched it, so decoding
+        overlaps the other parts' multi-gets; parts whose values need more
+        bytes than guessed are decoded again, wider, once all are in.
         """
         groups = sorted(names)
         keys = self.codec.chunk_keys(users, chunks, groups)
@@ -156,6 +163,7 @@ class SequenceStore:
         per_pairs = _part_size(npairs, max(1, batch // ng), threads)
         partial = partial or {}
         fixed = [g for g in groups if isinstance(self.codecs[g], FixedCodec)]
+        compiled = compiled and len(fixed) == ng
         empty = scratch_array if scratch else None
 
         def guessed(g: int) -> dict[str, np.dtype]:  # the widths the last lookup of this build needed
@@ -215,11 +223,57 @@ class SequenceStore:
                     tables.append(table)
             return tables, nbytes, decoded
 
-        # Pool threads only multi-get (RocksDB runs without the GIL); this thread decodes each part as it
-        # arrives, in order. Decoding in the pool threads too made them queue for the GIL between numpy
-        # calls, and the multi-gets with them (4 threads on 2 cores ran slower than one: measured).
+        redo: list[tuple[int, str, int, np.ndarray, int]] = []  # (group, column, bytes needed, grid, first pair)
+
+        def fetch_compiled(p0: int) -> tuple[list[Any], int, int, list[tuple[int, str, int]]]:
+            """One part fetched and decoded by the compiled kernels (no GIL held but for the join and the list).
+
+            A narrowed column whose values here need more bytes is noted, with
+            the part's grid, to decode again once every part is in (widening a
+            pool other threads are writing into would race).
+            """
+            vals = get(p0)
+            nbytes = decoded = 0
+            widths = []
+            for gi, g in enumerate(groups):
+                cd = self.codecs[g]
+                grid = cd.grid(vals[gi::ng] if ng > 1 else vals)
+                nbytes += grid.nbytes
+                got, needs = compiled_decode(cd, grid, names[g], out[g], p0)
+                decoded += got
+                for col, k in needs.items():
+                    widths.append((g, col, k))
+                    if k > out[g][col][0].itemsize:
+                        redo.append((g, col, k, grid, p0))  # (list.append: atomic)
+                if g in partial:
+                    rows = np.flatnonzero(partial[g][1][p0 : p0 + len(grid)])
+                    if len(rows):
+                        decoded += compiled_decode(cd, grid, partial[g][0], out[g], p0, rows)[0]
+            return [], nbytes, decoded, widths
+
+        # Without compiled kernels, pool threads only multi-get (RocksDB runs without the GIL); this thread
+        # decodes each part as it arrives, in order. Decoding in the pool threads too made them queue for the
+        # GIL between numpy calls, and the multi-gets with them (4 threads on 2 cores ran slower than one:
+        # measured). The compiled kernels hold no GIL: the pool threads decode their own parts.
         starts = range(0, npairs, per_pairs)
-        if threads > 1 and npairs > per_pairs:
+        if compiled:
+            from featurelake.sequences.kernels import decode_into as compiled_decode
+
+            if threads > 1 and npairs > per_pairs:
+                results = list(_pool(threads).map(fetch_compiled, starts))
+            else:
+                results = [fetch_compiled(p0) for p0 in starts]
+            if narrow:
+                for g, col, k in chain.from_iterable(r[3] for r in results):
+                    seen[g][col] = max(seen[g].get(col, 1), k)
+            wider: dict[tuple[int, str], int] = {}  # pools too narrow for some parts: widened, those parts decoded again
+            for g, col, k, _, _ in redo:
+                wider[(g, col)] = max(k, wider.get((g, col), 0))
+            for (g, col), k in wider.items():
+                widen(g, col, k, len(out[g][col][0]))
+            for g, col, _, grid, p0 in redo:
+                compiled_decode(self.codecs[g], grid, [col], out[g], p0)
+        elif threads > 1 and npairs > per_pairs:
             pool = _pool(threads)
             futures = [pool.submit(get, p0) for p0 in starts]
             results = [use(p0, fut.result()) for p0, fut in zip(starts, futures)]
@@ -283,7 +337,8 @@ class SequenceStore:
         if len(rows):
             # the fetched pools are copied out below: they decode narrow, into reusable buffers
             lo[rows], hi[rows], delta[rows], fetched, counts = self._select(keys, rows, b, w, max_len, columns, threads,
-                                                                            batch_keys, stats, scratch=True, narrow=True)
+                                                                            batch_keys, stats, scratch=True, narrow=True,
+                                                                            compiled=True)
             pool_events = int(counts.sum())
         lengths = hi - lo
         total = int(lengths.sum())
@@ -302,14 +357,18 @@ class SequenceStore:
 
     def _assemble(self, columns: list[str], fetched: dict[int, Any], pool_events: int, lo: np.ndarray,
                   delta: np.ndarray, lengths: np.ndarray, offsets: np.ndarray, threads: int) -> list[pa.Array]:
-        """Each row's events ``[lo, hi)`` copied out back to back, per column (:class:`RowRanges`).
+        """Each row's events ``[lo, hi)`` copied out back to back, per column, by the compiled kernels.
 
         A row's events are contiguous in the fetched pool (its pairs are one
-        user's consecutive chunks). Narrowed pools are widened in the copy;
-        with ``threads`` > 1 and enough events, row ranges are copied side by
-        side (numpy and Arrow copies release the GIL); dictionary-coded
-        strings are decoded per range and the ranges concatenated.
+        user's consecutive chunks). Fixed-codec columns are copied by
+        :mod:`featurelake.sequences.kernels` (narrowed pools widened in the
+        copy); dictionary codes are written straight as string offsets and
+        bytes (one pass to size each piece's bytes, one to write them). With
+        ``threads`` > 1 and enough events, row ranges are copied in pieces
+        side by side (the kernels hold no GIL); IPC-codec columns are taken
+        by Arrow, per piece.
         """
+        k = kernels()
         fixed = {col: isinstance(self.codecs[self.group_of[col]], FixedCodec) for col in columns}
         total = int(offsets[-1])
         out: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
@@ -321,50 +380,97 @@ class SequenceStore:
                 if ok is not None and np.count_nonzero(ok) == pool_events:
                     ok = None  # every fetched event is valid (padding slots are the only zeros): no validity to gather
                 src[col] = (vals, ok)
-                if col not in cd.dictionaries:
-                    out[col] = (np.empty(total, cd.layout[col][1]), None if ok is None else np.empty(total, np.bool_))
+                dt = cd.layout[col][1]
+                if col in cd.dictionaries:  # strings: their offsets
+                    dt = np.dtype(np.int64 if pa.types.is_large_string(self._field(col).type) else np.int32)
+                out[col] = (np.empty(total + (col in cd.dictionaries), dt), None if ok is None else np.empty(total, np.bool_))
         pieces = 1 if threads <= 1 or total < PARALLEL_EVENTS else threads
         bounds = np.searchsorted(offsets, np.linspace(0, total, pieces + 1)[1:-1])
         cuts = [0, *bounds.tolist(), len(lengths)]
         src_fixed = lo + delta
+        spans = [(r0, r1) for r0, r1 in zip(cuts[:-1], cuts[1:]) if offsets[r1] > offsets[r0]]
+        no_flags = np.zeros(0, np.bool_)
 
-        def piece(r: tuple[int, int]) -> dict[str, pa.Array]:
+        def piece(r: tuple[int, int]) -> dict[str, Any]:
+            """Round one of a piece of rows: fixed columns copied, strings sized, IPC columns taken."""
             r0, r1 = r
             a, b = int(offsets[r0]), int(offsets[r1])
-            got: dict[str, pa.Array] = {}
-            slots = RowRanges(src_fixed[r0:r1], lengths[r0:r1], b - a)
+            starts, lens = src_fixed[r0:r1], lengths[r0:r1]
+            got: dict[str, Any] = {}
             events = None
             for col in columns:
                 g = self.group_of[col]
                 if fixed[col]:
                     vals, ok = src[col]
-                    if col in out:
-                        ov, oo = out[col]
-                        slots.take(vals, ov[a:b])
-                        if ok is not None:
-                            slots.take(ok, oo[a:b])
-                    else:  # dictionary codes: strings of this range
-                        got[col] = self.codecs[g].to_arrow(col, slots.take(vals), None if ok is None else slots.take(ok))
+                    ov, oo = out[col]
+                    if ok is not None:
+                        k.gather(ok, starts, lens, oo[a:b])
+                    if col in self.codecs[g].dictionaries:
+                        nbytes = k.string_bytes(vals, no_flags if ok is None else ok, starts, lens, self._dict_bytes(col)[0])
+                        if nbytes < 0:
+                            raise CorruptFileError(f"a chunk of {col} holds a code outside the build's dictionary "
+                                                   f"(build {self.info.build_id})", self.info.db_dir)
+                        got[col] = nbytes
+                    else:
+                        k.gather(vals, starts, lens, ov[a:b])
                 else:
                     if events is None:
                         events = pa.array(_ranges(lo[r0:r1], lengths[r0:r1], b - a))
                     got[col] = fetched[g].column(col).take(events).combine_chunks()
             return got
 
-        spans = [(r0, r1) for r0, r1 in zip(cuts[:-1], cuts[1:]) if offsets[r1] > offsets[r0]]
-        parts = list(_pool(threads).map(piece, spans)) if len(spans) > 1 else [piece(sp) for sp in spans]
+        def run(fn, items: list) -> list:
+            return list(_pool(threads).map(fn, items)) if len(items) > 1 else [fn(x) for x in items]
+
+        parts = run(piece, spans)
+        strings = [col for col in columns if fixed[col] and col in self.codecs[self.group_of[col]].dictionaries]
+        data: dict[str, tuple[np.ndarray, list[int]]] = {}
+        for col in strings:
+            sizes = [p[col] for p in parts]
+            bases = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+            if pa.types.is_string(self._field(col).type) and bases[-1] >= 1 << 31:
+                raise FeatureLakeError(f"a lookup returned more than 2**31 bytes of {col}: use smaller batches or max_len")
+            data[col] = (np.empty(int(bases[-1]), np.uint8), bases.tolist())
+            out[col][0][total] = bases[-1]
+
+        def fill(i: int) -> None:
+            """Round two of piece ``i``: its strings' offsets and bytes, from its base on."""
+            r0, r1 = spans[i]
+            a, b = int(offsets[r0]), int(offsets[r1])
+            for col in strings:
+                vals, ok = src[col]
+                lens, words = self._dict_bytes(col)
+                buf, bases = data[col]
+                fn = k.strings8 if words.shape[1] == 1 else k.strings  # strings of up to 8 bytes: one store each
+                fn(vals, no_flags if ok is None else ok, src_fixed[r0:r1], lengths[r0:r1], lens, words, bases[i],
+                   bases[i + 1], out[col][0][a:b], buf)
+
+        if strings:
+            run(fill, list(range(len(spans))))
         arrays = []
         for col in columns:
-            got = [p[col] for p in parts if col in p]
-            if col in out:
+            if col in data:
+                ov, oo = out[col]
+                t = self._field(col).type
+                bitmap = None if oo is None or oo.all() else pa.py_buffer(np.packbits(oo, bitorder="little"))
+                arrays.append(pa.Array.from_buffers(t, total, [bitmap, pa.py_buffer(ov), pa.py_buffer(data[col][0])]))
+            elif col in out:
                 vals, ok = out[col]
                 arrays.append(self.codecs[self.group_of[col]].to_arrow(col, vals, ok))
             else:
+                got = [p[col] for p in parts if col in p]
                 arrays.append(got[0] if len(got) == 1 else pa.concat_arrays(got))
         return arrays
 
+    def _dict_bytes(self, col: str) -> tuple[np.ndarray, np.ndarray]:
+        """Dictionary column ``col``'s strings for the string kernel: (UTF-8 length, 8-byte words) per code."""
+        got = self._dicts.get(col)
+        if got is None:
+            got = self._dicts[col] = dictionary_words(self.codecs[self.group_of[col]].dictionaries[col])
+        return got
+
     def _select(self, keys, rows, b, w, max_len, columns, threads, batch_keys, stats, scratch: bool = False,
-                narrow: bool = False):
+                narrow: bool = False, compiled: bool = False):
         """Per valid row: [lo, hi) into the pairs' events back to back, the offset of fixed-codec slots, the data,
         and each fetched pair's event count (the pool's layout)."""
         c = self.chunk_events
@@ -429,7 +535,8 @@ class SequenceStore:
                     partial = {0: ([self.time], cut_pairs)}
                 else:
                     names[0].append(self.time)
-        fetched = self._fetch(users[pair_user], pair_chunk, names, threads, batch_keys, stats, partial, scratch, narrow)
+        fetched = self._fetch(users[pair_user], pair_chunk, names, threads, batch_keys, stats, partial, scratch, narrow,
+                              compiled)
 
         s = pool_off[p_lo]
         e = pool_off[p_hi + 1]
@@ -437,13 +544,14 @@ class SequenceStore:
         if need_time:
             times = self._pair_times(fetched[0], counts, pool_off)
             bn = br[need]
-            h = pool_off[p_hi] + count_below(times, counts, p_hi, bn)
+            below = kernels().count_below if compiled else count_below  # (compiled: 4096 rows in ~0.1 ms, not 2)
+            h = pool_off[p_hi] + below(times, counts, p_hi, bn)
         low = s.copy()
         if max_len is not None:
             low = np.maximum(low, h - int(max_len))
         if win_rows is not None and len(win_rows):
             q = p_lo[win_rows]
-            low[win_rows] = np.maximum(low[win_rows], pool_off[q] + count_below(times, counts, q, bn[win_rows] - w))
+            low[win_rows] = np.maximum(low[win_rows], pool_off[q] + below(times, counts, q, bn[win_rows] - w))
         lo[need] = np.minimum(low, h)
         hi[need] = h
         # fixed-codec slots: a row's pairs are whole chunks except maybe the last, so one offset maps them

@@ -1,0 +1,204 @@
+"""The numba kernels of :mod:`featurelake.sequences.kernels` (imported on first use: numba's import costs ~0.5 s).
+
+All are ``nogil`` and ``cache=True``; each loop is written so that LLVM
+vectorizes its inner loop (contiguous rows, no running index inside it) --
+written per value with a running output index, the plane decode and the
+row-range copy measured 2-4x slower than NumPy's whole-array copies.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic
+
+jit = numba.njit(cache=True, nogil=True)
+
+
+@intrinsic
+def _store_u64(typingctx, arr, pos, val):  # pragma: no cover - compiled
+    """``arr``'s 8 bytes at byte ``pos`` set to ``val`` (little-endian), an unaligned store: one instruction."""
+    sig = types.void(arr, types.int64, types.uint64)
+
+    def codegen(context, builder, signature, args):
+        a, p, v = args
+        ary = context.make_array(signature.args[0])(context, builder, a)
+        ptr = builder.bitcast(builder.gep(ary.data, [p]), ir.IntType(64).as_pointer())
+        builder.store(v, ptr).align = 1
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@jit
+def planes(grid, rows, off, w, k, c, delta, out, first):  # pragma: no cover - compiled
+    """Values of one column from byte planes: row ``rows[i]`` of ``grid`` into row ``first + rows[i]`` of ``out``.
+
+    ``grid``: (values, size) uint8, the column's ``w`` planes of ``c`` bytes
+    at ``off``; only the low ``k`` planes are decoded (``out``: (pairs, c)
+    unsigned ints of ``k`` bytes, a view of any fixed-width dtype);
+    ``delta``: running sums (two's complement: the same bits as signed sums;
+    needs ``k == w``). Returns the OR of the decoded values and the OR of the
+    bytes of the planes not decoded (non-zero: some value does not fit ``k`` bytes).
+    """
+    seen = np.uint64(0)
+    high = np.uint8(0)
+    acc = np.empty(c, np.uint64)
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        plane = grid[r, off : off + c]  # (slices indexed by range loops: no negative-index checks, vectorized)
+        for j in range(c):
+            acc[j] = plane[j]
+        for b in range(1, k):
+            plane = grid[r, off + b * c : off + (b + 1) * c]
+            sh = np.uint64(8 * b)
+            for j in range(c):
+                acc[j] |= np.uint64(plane[j]) << sh
+        rest = grid[r, off + k * c : off + w * c]
+        for j in range(rest.shape[0]):
+            high |= rest[j]
+        if delta:
+            run = np.uint64(0)
+            for j in range(c):
+                run += acc[j]
+                acc[j] = run
+        dst = out[first + r]
+        for j in range(c):
+            seen |= acc[j]
+            dst[j] = acc[j]
+    return seen, high
+
+
+@jit
+def flags(grid, rows, off, c, out, first):  # pragma: no cover - compiled
+    """Validity bytes of one column: ``c`` bytes at ``off`` of row ``rows[i]`` into row ``first + rows[i]``."""
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        src = grid[r, off : off + c]
+        dst = out[first + r]
+        for j in range(c):
+            dst[j] = src[j] != 0
+
+
+@jit
+def gather(src, starts, lengths, out):  # pragma: no cover - compiled
+    """Ranges ``src[starts[r] : starts[r] + lengths[r]]`` back to back into ``out`` (converted to its dtype)."""
+    k = 0
+    for r in range(starts.shape[0]):
+        n = lengths[r]
+        a = src[starts[r] : starts[r] + n]
+        o = out[k : k + n]
+        for j in range(n):
+            o[j] = a[j]
+        k += n
+
+
+@jit
+def string_bytes(codes, valid, starts, lengths, lens):  # pragma: no cover - compiled
+    """Bytes of the strings of the ranges' codes, -1 if one is not a dictionary code (null slots, ``valid``
+    False, are empty; an empty ``valid``: no nulls)."""
+    total = 0
+    size = lens.shape[0]
+    check = valid.shape[0] > 0
+    for r in range(starts.shape[0]):
+        s, n = starts[r], lengths[r]
+        cs = codes[s : s + n]
+        ok = valid[s : s + n] if check else valid
+        for j in range(n):
+            if check and not ok[j]:
+                continue
+            code = cs[j]
+            if code >= size:
+                return -1  # not a code of the dictionary: the caller raises
+            total += lens[code]
+    return total
+
+
+@jit
+def strings(codes, valid, starts, lengths, lens, words, base, end, offsets, data):  # pragma: no cover - compiled
+    """The ranges' strings: ``offsets[k]`` the start of the ``k``-th (from byte ``base``), bytes into ``data``.
+
+    ``offsets`` has one item per string (the caller writes the end);
+    ``words``: (codes, n) uint64, each code's string in little-endian
+    8-byte words, zero-padded. Words are stored unaligned, 8 bytes at a
+    time, where they end before ``end`` (this piece's last byte: the next
+    piece's bytes may be written at the same time); the rest byte by byte.
+    Measured on 1M codes of 4 strings: 2.5 ms, against 11.7 ms copying each
+    string byte by byte.
+    """
+    pos = base
+    check = valid.shape[0] > 0
+    nw = words.shape[1]
+    k = 0
+    for r in range(starts.shape[0]):
+        s, n = starts[r], lengths[r]
+        cs = codes[s : s + n]
+        ok = valid[s : s + n] if check else valid
+        offs = offsets[k : k + n]
+        k += n
+        for j in range(n):
+            offs[j] = pos
+            if check and not ok[j]:
+                continue
+            code = cs[j]
+            ln = lens[code]
+            for q in range(nw):
+                at = pos + 8 * q
+                if at >= pos + ln:
+                    break
+                v = words[code, q]
+                if at + 8 <= end:
+                    _store_u64(data, at, v)
+                else:
+                    for t in range(min(8, pos + ln - at)):
+                        data[at + t] = np.uint8((v >> np.uint64(8 * t)) & np.uint64(255))
+            pos += ln
+
+
+@jit
+def strings8(codes, valid, starts, lengths, lens, words, base, end, offsets, data):  # pragma: no cover - compiled
+    """:func:`strings` for dictionaries of strings of at most 8 bytes (``words``: one per code): one store a string.
+
+    Measured on 1M codes of 4 strings: 2.5 ms, against 4.0 ms for :func:`strings`
+    and 11.7 ms copying each string byte by byte. The piece's last strings
+    (within 8 bytes of ``end``) go through :func:`strings`.
+    """
+    pos = base
+    check = valid.shape[0] > 0
+    k = 0
+    for r in range(starts.shape[0]):
+        s, n = starts[r], lengths[r]
+        for j in range(n):
+            if pos + 8 > end:  # the tail: no store past this piece's bytes
+                rest = lengths[r:].copy()
+                rest[0] = n - j
+                first = starts[r:].copy()
+                first[0] = s + j
+                strings(codes, valid, first, rest, lens, words, pos, end, offsets[k + j :], data)
+                return
+            offsets[k + j] = pos
+            if check and not valid[s + j]:
+                continue
+            code = codes[s + j]
+            _store_u64(data, pos, words[code, 0])
+            pos += lens[code]
+        k += n
+
+
+@jit
+def count_below(times, counts, pairs, bound):  # pragma: no cover - compiled
+    """:func:`featurelake.sequences.search.count_below`: per query, a binary search of its pair's sorted times."""
+    out = np.empty(pairs.shape[0], np.int64)
+    for i in range(pairs.shape[0]):
+        row = times[pairs[i]]
+        lo, hi = 0, counts[pairs[i]]
+        b = bound[i]
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if row[mid] < b:
+                lo = mid + 1
+            else:
+                hi = mid
+        out[i] = lo
+    return out

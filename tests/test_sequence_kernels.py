@@ -1,0 +1,193 @@
+"""The compiled lookup kernels (featurelake.sequences.kernels) against plain NumPy/Python oracles.
+
+* byte planes to values: every fixed-codec column kind (int64 ids, delta-coded
+  times, int8/int16/int32, float32, bools, nullable columns, dictionary codes)
+  of chunks encoded by :class:`FixedCodec` itself, with one event, a full
+  chunk and partly filled chunks, all rows or some, against the codec's NumPy
+  ``decode_into`` and against the values encoded;
+* row ranges back to back: empty rows, one event, every length, narrow
+  sources into wide outputs, against a Python concatenation;
+* dictionary codes to strings: nulls, the empty string, non-ASCII text,
+  string and large_string offsets, bytes from a base, codes outside the
+  dictionary, against a Python list of the strings.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from featurelake.sequences.codecs import FixedCodec
+from featurelake.sequences.kernels import decode_into, dictionary_words, kernels, needed_bytes
+
+C = 16
+WORDS = ["view", "", "cart", "achat-é", "ünïcode-long-value"]
+SCHEMA = pa.schema([
+    pa.field("t", pa.int64(), nullable=False), pa.field("item", pa.int64()), pa.field("b", pa.int8()),
+    pa.field("c", pa.int16(), nullable=False), pa.field("d", pa.int32()), pa.field("f", pa.float32()),
+    pa.field("flag", pa.bool_()), pa.field("kind", pa.string()),
+])
+NAMES = SCHEMA.names
+
+
+def _events(n: int, seed: int) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    null = lambda: rng.random(n) < 0.2  # noqa: E731
+    return pa.table({
+        "t": pa.array(np.sort(rng.integers(-(1 << 40), 1 << 40, n))),
+        "item": pa.array(rng.integers(-(1 << 62), 1 << 62, n), mask=null()),
+        "b": pa.array(rng.integers(-128, 128, n).astype(np.int8), mask=null()),
+        "c": pa.array(rng.integers(-(1 << 15), 1 << 15, n).astype(np.int16)),
+        "d": pa.array(rng.integers(-(1 << 31), 1 << 31, n).astype(np.int32), mask=null()),
+        "f": pa.array(rng.standard_normal(n).astype(np.float32), mask=null()),
+        "flag": pa.array(rng.random(n) < 0.5, mask=null()),
+        "kind": pa.array(rng.choice(WORDS, n), mask=null()),
+    }, schema=SCHEMA)
+
+
+def _chunks(lengths: list[int], seed: int = 0) -> tuple[FixedCodec, list[bytes], pa.Table]:
+    """Chunk values of ``lengths`` events each (one user's chunks back to back), their codec and events."""
+    events = _events(sum(lengths), seed)
+    codec = FixedCodec(SCHEMA, C, {"kind": sorted(WORDS)}, delta=["t"])
+    enc = codec.encoder(events)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int)
+    return codec, [enc(int(s), n) for s, n in zip(starts, lengths)], events
+
+
+@pytest.mark.parametrize("lengths", [[1], [C], [C, C, 3], [5, C, 1, 7, C]])
+def test_compiled_decode_matches_the_numpy_decode_and_the_events(lengths):
+    codec, values, events = _chunks(lengths, seed=len(lengths))
+    grid = codec.grid(values)
+    want = codec.alloc(NAMES, len(values))
+    got = codec.alloc(NAMES, len(values) + 2)  # decoded at slot 1: the first and last pairs stay untouched
+    for vals, ok in got.values():
+        vals.view(np.uint8)[...] = 0xAB
+        if ok is not None:
+            ok[...] = True
+    decoded, needs = decode_into(codec, grid, NAMES, got, 1)
+    assert decoded == codec.decode_into(grid, NAMES, want, 0)
+    # the bytes each integer column needs: what planes_used finds (times are delta-coded: never narrowed)
+    assert needs == {n: codec.planes_used(grid, n) for n in ["item", "b", "c", "d", "flag", "kind"]}
+    keep = (np.arange(C)[None, :] < np.asarray(lengths)[:, None]).reshape(-1)
+    for name in NAMES:
+        (gv, go), (wv, wo) = got[name], want[name]
+        inner = slice(C, C + len(values) * C)
+        np.testing.assert_array_equal(gv[inner].view(np.uint8), wv.view(np.uint8))
+        assert (gv[:C].view(np.uint8) == 0xAB).all() and (gv[-C:].view(np.uint8) == 0xAB).all()
+        if wo is not None:
+            np.testing.assert_array_equal(go[inner], wo)
+            assert go[:C].all() and go[-C:].all()
+        col = events.column(name).combine_chunks()
+        arr = codec.to_arrow(name, gv[inner][keep], None if go is None else go[inner][keep])
+        assert arr.equals(col), name
+
+
+def test_compiled_decode_of_some_rows_and_narrowed_outputs():
+    codec, values, _ = _chunks([C, 4, C, 9, 1], seed=7)
+    grid = codec.grid(values)
+    rows = np.array([1, 3, 4])
+    want = codec.alloc(NAMES, len(values))
+    got = codec.alloc(NAMES, len(values))
+    for v, _ in want.values():
+        v[...] = 0
+    for v, _ in got.values():
+        v[...] = 0
+    codec.decode_into(grid, NAMES, want, 0, rows)
+    decode_into(codec, grid, NAMES, got, 0, rows)
+    for name in NAMES:
+        np.testing.assert_array_equal(got[name][0].view(np.uint8), want[name][0].view(np.uint8))
+    # a narrowed column (values that fit) reads only its low planes
+    small = _events(40, 3).set_column(1, "item", pa.array(np.arange(40) * 1000 % 60_000, pa.int64()))
+    enc = codec.encoder(small)
+    vals = [enc(0, C), enc(C, C), enc(2 * C, 8)]
+    g = codec.grid(vals)
+    assert codec.planes_used(g, "item") == 2
+    out = codec.alloc(["item"], 3, dtypes={"item": np.dtype(np.uint16)})
+    assert decode_into(codec, g, ["item"], out, 0)[1] == {"item": 2}
+    np.testing.assert_array_equal(out["item"][0].reshape(3, C)[:2].reshape(-1), np.arange(32) * 1000 % 60_000)
+    # values that do not fit: their low bytes, and the bytes they need, for the caller to decode again
+    wide = codec.grid([enc(0, C), codec.encoder(_events(C, 4))(0, C)])
+    assert decode_into(codec, wide, ["item"], codec.alloc(["item"], 2, dtypes={"item": np.dtype(np.uint8)}), 0)[1] == {
+        "item": codec.planes_used(wide, "item")} == {"item": 8}
+
+
+@pytest.mark.parametrize("seen,width,want", [(0, 8, 1), (255, 8, 1), (256, 8, 2), (65535, 4, 2), (65536, 4, 4),
+                                             ((1 << 32) - 1, 8, 4), (1 << 32, 8, 8), (300, 2, 2), (7, 1, 1)])
+def test_needed_bytes(seen, width, want):
+    assert needed_bytes(seen, width) == want
+
+
+@pytest.mark.parametrize("lengths", [[], [0], [0, 0], [1], [3, 0, 5, 1], list(range(12))])
+@pytest.mark.parametrize("src_dtype,out_dtype", [(np.int64, np.int64), (np.uint16, np.int64), (np.uint8, np.int32),
+                                                 (np.bool_, np.bool_), (np.float32, np.float32)])
+def test_gather_copies_each_rows_range_back_to_back(lengths, src_dtype, out_dtype):
+    rng = np.random.default_rng(len(lengths))
+    src = (rng.integers(0, 200, 100) if src_dtype is not np.bool_ else rng.random(100) < 0.5).astype(src_dtype)
+    lens = np.array(lengths, np.int64)
+    starts = np.array([rng.integers(0, 100 - n + 1) for n in lengths], np.int64)
+    want = np.concatenate([src[s : s + n] for s, n in zip(starts, lens)] + [np.zeros(0, src_dtype)]).astype(out_dtype)
+    out = np.full(len(want) + 1, 7, out_dtype)
+    sentinel = out[-1].copy()
+    kernels().gather(src, starts, lens, out[: len(want)])
+    np.testing.assert_array_equal(out[: len(want)], want)
+    assert out[-1] == sentinel
+
+
+WORDS8 = ["view", "", "cart", "achat-é", "8 bytes!"]
+
+
+@pytest.mark.parametrize("typ", [pa.string(), pa.large_string()])
+@pytest.mark.parametrize("nulls", [False, True])
+@pytest.mark.parametrize("lengths", [[], [0], [1], [4, 0, 9, 1, 30]])
+@pytest.mark.parametrize("dictionary,kernel", [(WORDS, "strings"), (WORDS8, "strings"), (WORDS8, "strings8")])
+def test_strings_from_codes_match_python(typ, nulls, lengths, dictionary, kernel):
+    k = kernels()
+    rng = np.random.default_rng(len(lengths) + nulls)
+    lens, words = dictionary_words(dictionary)
+    assert words.shape == (len(dictionary), 3 if dictionary is WORDS else 1)  # WORDS' longest, 20 bytes: 3 words
+    codes = rng.integers(0, len(dictionary), 64).astype(np.uint16)
+    valid = rng.random(64) < 0.7 if nulls else np.zeros(0, np.bool_)
+    lens_rows = np.array(lengths, np.int64)
+    starts = np.array([rng.integers(0, 64 - n + 1) for n in lengths], np.int64)
+    idx = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lens_rows)] + [np.zeros(0, np.int64)]).astype(int)
+    want = [None if nulls and not valid[i] else dictionary[codes[i]] for i in idx]
+    size = k.string_bytes(codes, valid, starts, lens_rows, lens)
+    assert size == sum(len(w.encode()) for w in want if w)
+    base = 5  # a piece after another's bytes
+    odt = np.int64 if pa.types.is_large_string(typ) else np.int32
+    offsets = np.empty(len(idx) + 1, odt)
+    data = np.full(base + size + 3, ord("#"), np.uint8)  # bytes of pieces before and after: untouched
+    getattr(k, kernel)(codes, valid, starts, lens_rows, lens, words, base, base + size, offsets[:-1], data)
+    offsets[-1] = base + size
+    assert (data[:base] == ord("#")).all() and (data[base + size :] == ord("#")).all()
+    data = data[: base + size]
+    bitmap = None if not nulls else pa.py_buffer(np.packbits(valid[idx], bitorder="little"))
+    arr = pa.Array.from_buffers(typ, len(idx), [bitmap, pa.py_buffer(offsets - base), pa.py_buffer(data[base:])])
+    arr.validate(full=True)
+    assert arr.to_pylist() == want
+
+
+def test_a_code_outside_the_dictionary_is_reported():
+    lens = np.array([1, 2], np.int64)
+    one = np.ones(1, np.int64)
+    assert kernels().string_bytes(np.array([0, 1, 2], np.uint16), np.zeros(0, np.bool_), np.zeros(1, np.int64),
+                                  one * 3, lens) == -1
+    # a null slot's code is never read
+    assert kernels().string_bytes(np.array([0, 9], np.uint16), np.array([True, False]), np.zeros(1, np.int64),
+                                  one * 2, lens) == 1
+
+
+def test_count_below_matches_the_numpy_search():
+    from featurelake.sequences.search import count_below
+
+    rng = np.random.default_rng(11)
+    for c in (1, 5, 16, 128):
+        times = np.sort(rng.integers(-50, 50, (40, c)), axis=1)
+        counts = rng.integers(0, c + 1, 40)
+        counts[:3] = [0, 1, c]
+        pairs = rng.integers(0, 40, 300)
+        bound = rng.integers(-60, 60, 300)
+        bound[:2] = [np.iinfo(np.int64).min, np.iinfo(np.int64).max]
+        want = [int(np.sum(times[p, : counts[p]] < b)) for p, b in zip(pairs, bound)]
+        assert kernels().count_below(times, counts, pairs, bound).tolist() == want
+        assert count_below(times, counts, pairs, bound).tolist() == want
