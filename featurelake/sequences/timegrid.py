@@ -23,6 +23,7 @@ import numpy as np
 
 CELLS_PER_EVENT = 2  # grid cells per event of a run: ~0.5 events a cell when times are spread evenly
 STEPS = 8            # forward steps inside a cell before the crowded rows fall back to a binary search
+RESERVE_ENTRIES = 1 << 23  # the first allocation of a grid (address space: untouched pages cost nothing)
 
 
 @functools.cache
@@ -49,20 +50,23 @@ class TimeGrid:
     def nbytes(self) -> int:
         return self.grid.nbytes + 4 * self.first.nbytes
 
-    def append(self, times: np.ndarray, counts: np.ndarray) -> None:
-        """Add runs: ``times`` holds their events back to back (each run sorted), ``counts`` their lengths."""
+    def append(self, times: np.ndarray, counts: np.ndarray, starts: np.ndarray | None = None) -> None:
+        """Add runs of ``counts`` sorted times each: back to back in ``times``, or from ``starts`` (slots of ``times``)."""
         counts = np.asarray(counts, np.int64)
         k = len(counts)
         if not k:
             return
-        t = np.asarray(times, np.int64)
-        total = int(kernels().grid_entries(t, counts, CELLS_PER_EVENT))
+        if starts is None:
+            starts = np.cumsum(counts) - counts
+        starts = np.asarray(starts, np.int64)
+        t = np.asarray(times)  # any integer dtype: the kernels read it as int64
+        total = int(kernels().grid_entries(t, starts, counts, CELLS_PER_EVENT))
         if self.used + total > len(self.grid):
-            grown = np.empty(max(self.used + total, 2 * len(self.grid), 1024), np.int32)
+            grown = np.empty(max(self.used + total, 2 * len(self.grid), RESERVE_ENTRIES), np.int32)
             grown[: self.used] = self.grid[: self.used]
             self.grid = grown
         first, shift, cells, off = (np.empty(k, np.int64) for _ in range(4))
-        self.used += int(kernels().fill_grid(t, counts, CELLS_PER_EVENT, self.used, first, shift, cells, off,
+        self.used += int(kernels().fill_grid(t, starts, counts, CELLS_PER_EVENT, self.used, first, shift, cells, off,
                                              self.grid))
         self.first = np.concatenate([self.first, first])
         self.shift = np.concatenate([self.shift, shift])
