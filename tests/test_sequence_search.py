@@ -113,6 +113,23 @@ def test_time_grid_of_no_runs_and_runs_of_no_events():
     assert got.tolist() == [0, 0, 0]
 
 
+def test_time_grid_at_the_ends_of_int64():
+    """Runs spanning most of int64 and queries at its ends: the cells are offsets in uint64, nothing wraps."""
+    lo, hi = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+    runs = [np.array([lo + 1, -(2**62), 0, 2**62, hi - 1], np.int64), np.array([lo, lo, lo + 3], np.int64),
+            np.array([hi - 2, hi, hi], np.int64), np.array([-5], np.int64), np.empty(0, np.int64)]
+    grid = TimeGrid()
+    grid.append(np.concatenate(runs), np.array([len(t) for t in runs]))
+    times = np.concatenate(runs)
+    bases = np.cumsum([0] + [len(t) for t in runs])[:-1]
+    qs = np.array([lo, lo + 1, lo + 2, -(2**62), -1, 0, 1, 2**62, hi - 2, hi - 1, hi, -5, -4], np.int64)
+    run = np.repeat(np.arange(len(runs)), len(qs))
+    q = np.tile(qs, len(runs))
+    got = grid.search(run, bases[run], q, times)
+    want = [bases[r] + np.searchsorted(runs[r], v, side="left") for r, v in zip(run, q)]
+    assert got.tolist() == [int(w) for w in want]
+
+
 # ------------------------------------------------------------------ pairs
 @pytest.mark.parametrize("long", [False, True], ids=["dense-line", "sort-fallback"])
 def test_pairs_are_the_distinct_chunks_rows_need(long):
@@ -224,6 +241,37 @@ def test_cached_join_matches_the_oracle(lake, keys, copy, monkeypatch):
                 assert as_list(hist).to_pylist() == want, (keys, max_len, window, epoch)
         assert cached.cache.resets == 0 and small.cache.resets > 0
         assert (cached.cache.direct is not None) == (keys == "dense")
+
+
+def test_cached_cut_edges_match_the_oracle(lake):
+    """Edges of a row's cut: an absent user, no event before the time, exactly ``max_len`` events before it, a window
+    cutting inside a burst, a time equal to event times; a cache large enough and one reset on every batch."""
+    schema = pa.schema([pa.field("user_id", pa.int64(), nullable=False), pa.field("ts", pa.timestamp("us"), nullable=False),
+                        pa.field("item_id", pa.int64())])
+    st = lake.create_sequence_table("ml.edges", schema, key="user_id", time="ts")
+    minutes = {1: [10, 20, 30, 40, 50], 2: [100] * 9 + [101, 102], 3: [7]}
+    events = [(u, m) for u, ms in minutes.items() for m in ms]
+    st.append(pa.table({"user_id": pa.array([u for u, _ in events], pa.int64()),
+                        "ts": pa.array([T0 + dt.timedelta(minutes=m) for _, m in events], pa.timestamp("us")),
+                        "item_id": pa.array(np.arange(len(events), dtype=np.int64))}, schema=schema))
+    st.build(chunk_events=4)
+    stored = st.read()
+    cases = [(99, 60), (1, 5), (1, 10), (1, 11), (1, 50), (1, 51), (1, 10**4), (2, 100), (2, 101), (2, 103),
+             (3, 7), (3, 8), (1, 45), (2, 102)]
+    keys = [k for k, _ in cases]
+    befores = [T0 + dt.timedelta(minutes=m) for _, m in cases]
+    for max_len, window in [(5, None), (4, None), (6, None), (None, dt.timedelta(minutes=20)),
+                            (2, dt.timedelta(minutes=1)), (0, dt.timedelta(minutes=5)), (None, None)]:
+        want = oracle(stored, keys, befores, ["ts", "item_id"], max_len, window)
+        for cache_bytes in (1 << 20, 300):
+            view = st.view(key="user_id", time="ts", columns=["ts", "item_id"], max_len=max_len, window=window,
+                           layout="list_view", cache_bytes=cache_bytes)
+            for part in (slice(0, 7), slice(7, None), slice(None)):  # two batches, then all rows in one
+                got = view.join(pa.array(keys[part], pa.int64()), pa.array(befores[part], pa.timestamp("us")))
+                got.validate(full=True)
+                assert as_list(got).to_pylist() == want[part], (max_len, window, cache_bytes, part)
+            if cache_bytes == 300:
+                assert view.cache.resets > 0
 
 
 def test_cheap_items_run_in_the_callers_thread_in_order():

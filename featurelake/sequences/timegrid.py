@@ -15,12 +15,23 @@ and 8 bytes an event instead of the 8-byte sort keys it replaces.
 """
 from __future__ import annotations
 
+import functools
+from types import ModuleType
+
 import numpy as np
 
-from featurelake.sequences.search import bisect_left
 
 CELLS_PER_EVENT = 2  # grid cells per event of a run: ~0.5 events a cell when times are spread evenly
 STEPS = 8            # forward steps inside a cell before the crowded rows fall back to a binary search
+RESERVE_ENTRIES = 1 << 23  # the first allocation of a grid (address space: untouched pages cost nothing)
+
+
+@functools.cache
+def kernels() -> ModuleType:
+    """The compiled grid loops (:mod:`featurelake.sequences.gridkernels`), imported on first use (numba loads then)."""
+    from featurelake.sequences import gridkernels
+
+    return gridkernels
 
 
 class TimeGrid:
@@ -28,8 +39,8 @@ class TimeGrid:
 
     def __init__(self) -> None:
         self.first = np.empty(0, np.int64)   # per run: its first time
-        self.width = np.empty(0, np.int64)   # per run: time units per cell (>= 1)
-        self.cells = np.empty(0, np.int64)   # per run: its number of cells
+        self.shift = np.empty(0, np.int64)   # per run: a cell is 2**shift time units
+        self.cells = np.empty(0, np.int64)   # per run: the cells its events fall in
         self.off = np.empty(0, np.int64)     # per run: where its cells + 2 entries start in ``grid``
         self.grid = np.empty(0, np.int32)    # per run, per cell g: events of the run in cells < g
         self.used = 0
@@ -39,37 +50,26 @@ class TimeGrid:
     def nbytes(self) -> int:
         return self.grid.nbytes + 4 * self.first.nbytes
 
-    def append(self, times: np.ndarray, counts: np.ndarray) -> None:
-        """Add runs: ``times`` holds their events back to back (each run sorted), ``counts`` their lengths."""
+    def append(self, times: np.ndarray, counts: np.ndarray, starts: np.ndarray | None = None) -> None:
+        """Add runs of ``counts`` sorted times each: back to back in ``times``, or from ``starts`` (slots of ``times``)."""
         counts = np.asarray(counts, np.int64)
         k = len(counts)
         if not k:
             return
-        ends = np.cumsum(counts)
-        starts = ends - counts
-        has = counts > 0
-        t = np.asarray(times, np.int64)
-        first = np.where(has, t[np.where(has, starts, 0)] if len(t) else 0, 0)
-        last = np.where(has, t[np.where(has, ends - 1, 0)] if len(t) else 0, 0)
-        cells = np.maximum(counts, 1) * CELLS_PER_EVENT
-        width = (last - first) // cells + 1   # (last - first) // width < cells: every event inside the grid
-        entries = cells + 2                   # cells 0..cells, and one more so that g + 1 is always readable
-        off = self.used + np.cumsum(entries) - entries
-        total = int(entries.sum())
+        if starts is None:
+            starts = np.cumsum(counts) - counts
+        starts = np.asarray(starts, np.int64)
+        t = np.asarray(times)  # any integer dtype: the kernels read it as int64
+        total = int(kernels().grid_entries(t, starts, counts, CELLS_PER_EVENT))
         if self.used + total > len(self.grid):
-            grown = np.empty(max(self.used + total, 2 * len(self.grid), 1024), np.int32)
+            grown = np.empty(max(self.used + total, 2 * len(self.grid), RESERVE_ENTRIES), np.int32)
             grown[: self.used] = self.grid[: self.used]
             self.grid = grown
-        # each event's entry number over all new runs; events in entries before each entry (one
-        # bincount and a cumsum), less the events of the runs before it
-        run = np.repeat(np.arange(k), counts)
-        cell_id = (off - self.used)[run] + (t - first[run]) // width[run]
-        below = np.zeros(total + 1, np.int64)
-        np.cumsum(np.bincount(cell_id, minlength=total), out=below[1:])
-        self.grid[self.used : self.used + total] = below[:-1] - np.repeat(starts, entries)
-        self.used += total
+        first, shift, cells, off = (np.empty(k, np.int64) for _ in range(4))
+        self.used += int(kernels().fill_grid(t, starts, counts, CELLS_PER_EVENT, self.used, first, shift, cells, off,
+                                             self.grid))
         self.first = np.concatenate([self.first, first])
-        self.width = np.concatenate([self.width, width])
+        self.shift = np.concatenate([self.shift, shift])
         self.cells = np.concatenate([self.cells, cells])
         self.off = np.concatenate([self.off, off])
 
@@ -84,19 +84,5 @@ class TimeGrid:
 
         Returns slots in ``times``' positions (``base`` + events of the run below ``q``).
         """
-        cell = np.minimum((q - self.first.take(run)).clip(0) // self.width.take(run), self.cells.take(run))
-        at = self.off.take(run) + cell
-        h = base + self.grid.take(at)
-        end = base + self.grid.take(at + 1)
-        # forward over the events inside each row's cell: most cells hold none or one
-        act = np.flatnonzero(h < end)
-        for _ in range(self.steps):
-            if not len(act):
-                return h
-            at = h[act]
-            act = act[times[at] < q[act]]
-            h[act] += 1
-            act = act[h[act] < end[act]]
-        if len(act):  # crowded cells (bursts closer than a cell): a binary search over the rest of the cell
-            h[act] = bisect_left(times, h[act], end[act], q[act])
-        return h
+        return kernels().search_grid(self.first, self.shift, self.cells, self.off, self.grid, self.steps, times,
+                                     np.asarray(run, np.int64), np.asarray(base, np.int64), np.asarray(q, np.int64))
