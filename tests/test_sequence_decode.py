@@ -1,8 +1,7 @@
-"""Decoding sequence chunks narrow, dictionary strings k values at a time, rows' ranges copied in blocks.
+"""Decoding sequence chunks narrow and dictionary strings k values at a time.
 
-Oracles: Arrow's own ``take`` of the dictionary (strings), a Python
-concatenation of each row's range (``RowRanges``), the values the codec was
-given (byte planes read back narrow), and the pandas oracle of
+Oracles: Arrow's own ``take`` of the dictionary (strings), the values the
+codec was given (byte planes read back narrow), and the pandas oracle of
 ``test_sequences`` for whole lookups and joins, in both layouts:
 
 * integer attributes whose values need 1, 2, 4 or 8 bytes in different users'
@@ -25,7 +24,6 @@ from backends import both_backends
 from featurelake.sequences import as_list, lookup_view
 from featurelake.sequences.arguments import as_array
 from featurelake.sequences.codecs import FixedCodec
-from featurelake.sequences.gather import RowRanges
 from featurelake.sequences.strings import DictionaryStrings
 from test_sequences import oracle
 
@@ -86,24 +84,6 @@ def test_kgram_offsets_match_per_value_lengths_at_every_tail(typ):
                 assert offsets[0] == 0 and (offsets[1:] == np.cumsum(want_lens)).all()
                 want = [None if valid is not None and not valid[i] else words[c] for i, c in enumerate(codes)]
                 assert got.to_pylist() == want
-
-
-@pytest.mark.parametrize("lengths", [[5, 5, 5], [0, 5, 0, 5, 5], [3, 0, 7, 1], [0, 0], [1]])
-def test_row_ranges_copy_each_rows_range(lengths):
-    rng = np.random.default_rng(len(lengths))
-    pool = rng.integers(-1000, 1000, 40).astype(np.int16)
-    lengths = np.array(lengths, np.int64)
-    starts = np.array([int(rng.integers(0, 40 - n + 1)) for n in lengths], np.int64)
-    want = np.concatenate([pool[s : s + n] for s, n in zip(starts, lengths)] + [pool[:0]])
-    ranges = RowRanges(starts, lengths, int(lengths.sum()))
-    assert ranges.equal == (int(lengths[lengths > 0][0]) if (lengths > 0).any() and len(set(lengths[lengths > 0])) == 1
-                            else 0)
-    got = ranges.take(pool)
-    assert got.dtype == pool.dtype and got.tolist() == want.tolist()
-    wide = np.full(len(want), 7, np.int64)  # into a wider output: converted
-    assert ranges.take(pool, wide) is wide and wide.tolist() == want.tolist()
-    flags = pool > 0
-    assert ranges.take(flags).tolist() == (want > 0).tolist()
 
 
 # ------------------------------------------------------------ narrow planes

@@ -213,10 +213,10 @@ def _kinds_table(lake, hist: dict[int, np.ndarray], nulls: bool):
 def test_parallel_assembly_and_validity_match_oracle(lake, monkeypatch, nulls):
     """Row ranges gathered side by side (dictionary strings decoded per range and concatenated), validity
     gathered only when a fetched event is null, in the list and list-view layouts, at chunk edges."""
-    from featurelake.sequences import lookup as lookup_module
+    from featurelake.sequences import assemble as assemble_module
     from featurelake.sequences.listview import as_list, lookup_view
 
-    monkeypatch.setattr(lookup_module, "PARALLEL_EVENTS", 0)  # every lookup takes the side-by-side path
+    monkeypatch.setattr(assemble_module, "PARALLEL_EVENTS", 0)  # every lookup takes the side-by-side path
     hist = {1: np.array([50]), 2: np.arange(C) * 10, 3: np.arange(7 * C + 1) * 10, 4: np.arange(3 * C + 2) // 3,
             5: np.arange(40 * C + 3) * 7 + 1000}
     st = _kinds_table(lake, hist, nulls)
@@ -241,7 +241,7 @@ def test_parallel_assembly_and_validity_match_oracle(lake, monkeypatch, nulls):
 
 
 def test_ranges_and_bisect_match_numpy():
-    from featurelake.sequences.lookup import _ranges
+    from featurelake.sequences.gather import ranges as _ranges
     from featurelake.sequences.search import bisect_left
 
     rng = np.random.default_rng(4)

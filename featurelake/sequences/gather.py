@@ -1,64 +1,18 @@
-"""Copying rows' ranges of events out of a decoded pool, back to back: the ``list`` layout's assembly.
+"""What a lookup's copies share: the index of rows' event ranges, per-thread scratch buffers, the thread pool.
 
-A lookup decodes the chunks its rows need into one pool per column (a
-row's events are contiguous there: its pairs are one user's consecutive
-chunks) and then copies each row's range ``[start, start + length)`` into
-the output column, rows back to back. Two ways, chosen per batch part:
-
-* every (non-empty) row has the same length -- the common case under
-  ``max_len``: each user with at least ``max_len`` events before the row's
-  time returns exactly ``max_len`` -- so the ranges are the rows of a
-  sliding-window view of the pool, and one fancy index of the rows' starts
-  copies whole blocks (no index of every event). Measured on 1M int64
-  events of 4,096 rows: 0.6 ms, against 1.3 ms for ``np.take`` plus 0.5 ms
-  to build its index;
-* otherwise an index of every event (one cumsum, :func:`ranges`) and ``np.take``.
-
-Values keep the pool's dtype (a narrowed pool, see
-:meth:`featurelake.sequences.codecs.FixedCodec.planes_used`, stays narrow
-through the copy); an ``out`` of a wider dtype receives them converted.
+A lookup decodes the chunks its rows need into one pool per column (a row's
+events are contiguous there: its pairs are one user's consecutive chunks) and
+then copies each row's range ``[start, start + length)`` out, rows back to
+back (:mod:`featurelake.sequences.assemble`, by the compiled kernels). Columns
+Arrow takes itself (IPC codec) need the index of every event: :func:`ranges`.
 """
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
-
-
-class RowRanges:
-    """Rows' ranges ``[starts[i], starts[i] + lengths[i])`` of a pool, ``total`` events in all."""
-
-    def __init__(self, starts: np.ndarray, lengths: np.ndarray, total: int) -> None:
-        nz = lengths > 0
-        if not nz.all():
-            starts, lengths = starts[nz], lengths[nz]
-        self.starts = starts.astype(np.int64, copy=False)
-        self.lengths = lengths.astype(np.int64, copy=False)
-        self.total = int(total)
-        first = int(self.lengths[0]) if len(self.lengths) else 0
-        self.equal = first if first and bool((self.lengths == first).all()) else 0
-        self._index: np.ndarray | None = None
-
-    def take(self, values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """The rows' events of ``values`` back to back (into ``out`` when given, converted to its dtype)."""
-        if not self.total:
-            return values[:0] if out is None else out
-        if self.equal and self.equal <= len(values):  # equal lengths: copy blocks of a window view
-            blocks = sliding_window_view(values, self.equal)[self.starts]
-            if out is None:
-                return blocks.reshape(-1)
-            out.reshape(-1, self.equal)[...] = blocks
-            return out
-        if self._index is None:
-            self._index = ranges(self.starts, self.lengths, self.total, scratch_array("ranges", self.total, np.int64))
-        if out is None:
-            return np.take(values, self._index, mode="clip")  # in range by construction; "raise" would copy
-        if out.dtype == values.dtype:
-            return np.take(values, self._index, out=out, mode="clip")
-        out[...] = np.take(values, self._index, mode="clip")
-        return out
 
 
 def ranges(starts: np.ndarray, lengths: np.ndarray, total: int, out: np.ndarray | None = None) -> np.ndarray:
@@ -98,3 +52,16 @@ def scratch_array(key: Any, n: int, dtype: Any) -> np.ndarray:
     if buf is None or buf.nbytes < need:
         buf = bufs[key] = np.empty(need + need // 4, np.uint8)
     return buf[:need].view(dt)
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def lookup_pool(threads: int) -> ThreadPoolExecutor:
+    """The process's pool of ``threads`` lookup threads (multi-gets, decoding, copies), started once."""
+    with _POOLS_LOCK:
+        pool = _POOLS.get(threads)
+        if pool is None:
+            pool = _POOLS[threads] = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="featurelake-seq")
+        return pool

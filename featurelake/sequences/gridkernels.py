@@ -86,6 +86,18 @@ def fill_grid(times: np.ndarray, starts: np.ndarray, counts: np.ndarray, cells_p
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
+def bisect_left(times: np.ndarray, lo: int, hi: int, q: int) -> int:  # pragma: no cover - compiled
+    """The first slot in ``times[lo:hi]`` (sorted) with a time >= ``q`` (``hi`` when none)."""
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if times[mid] < q:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
 def _finish(times: np.ndarray, h: int, end: int, q: int, steps: int) -> int:  # pragma: no cover - compiled
     """The first slot in ``times[h:end]`` (sorted) with a time >= ``q``: ``steps`` forward steps, then a bisection."""
     k = 0
@@ -94,14 +106,7 @@ def _finish(times: np.ndarray, h: int, end: int, q: int, steps: int) -> int:  # 
             return h
         h += 1
         k += 1
-    lo, hi = h, end
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if times[mid] < q:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+    return bisect_left(times, h, end, q)
 
 
 @numba.njit(cache=True, nogil=True)

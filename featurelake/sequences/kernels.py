@@ -2,7 +2,7 @@
 
 Why compiled (numba, ``nogil=True``): the NumPy forms of these steps
 (:meth:`featurelake.sequences.codecs.FixedCodec.decode_into`,
-:class:`featurelake.sequences.gather.RowRanges`,
+the row-range copies (a window view or ``np.take``, since removed),
 :class:`featurelake.sequences.strings.DictionaryStrings`) are a handful of
 whole-array calls each, with a temporary between calls, and hold the GIL
 between them. Measured on the sequences benchmark (4,096-row batches, 256

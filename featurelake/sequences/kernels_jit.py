@@ -13,6 +13,8 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
+from featurelake.sequences.gridkernels import bisect_left
+
 jit = numba.njit(cache=True, nogil=True)
 
 
@@ -191,14 +193,5 @@ def count_below(times, counts, pairs, bound):  # pragma: no cover - compiled
     """:func:`featurelake.sequences.search.count_below`: per query, a binary search of its pair's sorted times."""
     out = np.empty(pairs.shape[0], np.int64)
     for i in range(pairs.shape[0]):
-        row = times[pairs[i]]
-        lo, hi = 0, counts[pairs[i]]
-        b = bound[i]
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if row[mid] < b:
-                lo = mid + 1
-            else:
-                hi = mid
-        out[i] = lo
+        out[i] = bisect_left(times[pairs[i]], 0, counts[pairs[i]], bound[i])
     return out

@@ -14,8 +14,6 @@ windows come in the store's forms from :mod:`featurelake.sequences.arguments`.
 """
 from __future__ import annotations
 
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from itertools import chain
 from pathlib import Path
 from typing import Any, Sequence
@@ -28,16 +26,14 @@ from featurelake.sequences.arguments import before_ints, parse_key_type, window_
 from featurelake.sequences.buildinfo import BUILD_FORMAT, DEFAULT_THREADS, READ_FORMATS, BuildInfo, SequenceBuildError
 from featurelake.sequences.layout import _int_times
 from featurelake.sequences.codecs import FixedCodec
-from featurelake.sequences.gather import scratch_array
-from featurelake.sequences.gather import ranges as _ranges
+from featurelake.sequences.assemble import assemble
+from featurelake.sequences.gather import lookup_pool, scratch_array
 from featurelake.sequences.heads import Heads
-from featurelake.sequences.kernels import dictionary_words, kernels
+from featurelake.sequences.kernels import kernels
 from featurelake.sequences.search import chunk_pairs, count_below
 from featurelake.sequences.store import READERS, KeyCodec, backend_from_dict
 
 DEFAULT_BATCH_KEYS = 512     # keys per multi-get call (RocksDB: 256-1024 beat bigger calls)
-PARALLEL_EVENTS = 1 << 16    # below this many events a lookup assembles its columns in the calling thread:
-                             # handing work to a pool thread costs more than it saves (GIL hand-over)
 _PLANES: dict[str, dict[tuple[int, str], int]] = {}  # per store folder: SequenceStore._planes
 
 
@@ -75,7 +71,7 @@ class SequenceStore:
         self.last_stats: dict[str, int] = {}
         self._fields: dict[str, pa.Field] = {}
         self._types: dict[tuple, pa.DataType] = {}
-        self._dicts: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # _dict_bytes
+        self._dicts: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # assemble.dictionary_bytes
         self.recorder: list[list[bytes]] | None = None  # set to a list to keep every key fetched (benchmarks)
         self.head_cache: Any = None  # a HeadCache (featurelake.sequences.heads): set by views, whose stores are their own
         # (group, column) -> bytes a value needed in the last lookup of this build (kept for the process: a lookup
@@ -125,7 +121,7 @@ class SequenceStore:
         parts = [keys[i : i + step] for i in range(0, len(keys), step)]
         if threads <= 1:
             return list(chain.from_iterable(map(self.reader.multi_get, parts)))
-        return list(chain.from_iterable(_pool(threads).map(self.reader.multi_get, parts)))
+        return list(chain.from_iterable(lookup_pool(threads).map(self.reader.multi_get, parts)))
 
     def _fetch(self, users: np.ndarray, chunks: np.ndarray, names: dict[int, list[str]], threads: int,
                batch: int, stats: dict, partial: dict[int, tuple[list[str], np.ndarray]] | None = None,
@@ -260,7 +256,7 @@ class SequenceStore:
             from featurelake.sequences.kernels import decode_into as compiled_decode
 
             if threads > 1 and npairs > per_pairs:
-                results = list(_pool(threads).map(fetch_compiled, starts))
+                results = list(lookup_pool(threads).map(fetch_compiled, starts))
             else:
                 results = [fetch_compiled(p0) for p0 in starts]
             if narrow:
@@ -274,7 +270,7 @@ class SequenceStore:
             for g, col, _, grid, p0 in redo:
                 compiled_decode(self.codecs[g], grid, [col], out[g], p0)
         elif threads > 1 and npairs > per_pairs:
-            pool = _pool(threads)
+            pool = lookup_pool(threads)
             futures = [pool.submit(get, p0) for p0 in starts]
             results = [use(p0, fut.result()) for p0, fut in zip(starts, futures)]
         else:
@@ -350,124 +346,10 @@ class SequenceStore:
         if not total:
             arrays = [pa.nulls(0, f.type) for f in fields]
         else:
-            arrays = self._assemble(columns, fetched, pool_events, lo, delta, lengths, offsets, threads)
+            arrays = assemble(self, columns, fetched, pool_events, lo, delta, lengths, offsets, threads)
         struct = pa.StructArray.from_arrays(arrays, fields=fields)
         stats["events"] = total
         return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), struct, type=self.output_type(columns)), stats
-
-    def _assemble(self, columns: list[str], fetched: dict[int, Any], pool_events: int, lo: np.ndarray,
-                  delta: np.ndarray, lengths: np.ndarray, offsets: np.ndarray, threads: int) -> list[pa.Array]:
-        """Each row's events ``[lo, hi)`` copied out back to back, per column, by the compiled kernels.
-
-        A row's events are contiguous in the fetched pool (its pairs are one
-        user's consecutive chunks). Fixed-codec columns are copied by
-        :mod:`featurelake.sequences.kernels` (narrowed pools widened in the
-        copy); dictionary codes are written straight as string offsets and
-        bytes (one pass to size each piece's bytes, one to write them). With
-        ``threads`` > 1 and enough events, row ranges are copied in pieces
-        side by side (the kernels hold no GIL); IPC-codec columns are taken
-        by Arrow, per piece.
-        """
-        k = kernels()
-        fixed = {col: isinstance(self.codecs[self.group_of[col]], FixedCodec) for col in columns}
-        total = int(offsets[-1])
-        out: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
-        src: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
-        for col in columns:
-            if fixed[col]:
-                cd = self.codecs[self.group_of[col]]
-                vals, ok = fetched[self.group_of[col]][col]
-                if ok is not None and np.count_nonzero(ok) == pool_events:
-                    ok = None  # every fetched event is valid (padding slots are the only zeros): no validity to gather
-                src[col] = (vals, ok)
-                dt = cd.layout[col][1]
-                if col in cd.dictionaries:  # strings: their offsets
-                    dt = np.dtype(np.int64 if pa.types.is_large_string(self._field(col).type) else np.int32)
-                out[col] = (np.empty(total + (col in cd.dictionaries), dt), None if ok is None else np.empty(total, np.bool_))
-        pieces = 1 if threads <= 1 or total < PARALLEL_EVENTS else threads
-        bounds = np.searchsorted(offsets, np.linspace(0, total, pieces + 1)[1:-1])
-        cuts = [0, *bounds.tolist(), len(lengths)]
-        src_fixed = lo + delta
-        spans = [(r0, r1) for r0, r1 in zip(cuts[:-1], cuts[1:]) if offsets[r1] > offsets[r0]]
-        no_flags = np.zeros(0, np.bool_)
-
-        def piece(r: tuple[int, int]) -> dict[str, Any]:
-            """Round one of a piece of rows: fixed columns copied, strings sized, IPC columns taken."""
-            r0, r1 = r
-            a, b = int(offsets[r0]), int(offsets[r1])
-            starts, lens = src_fixed[r0:r1], lengths[r0:r1]
-            got: dict[str, Any] = {}
-            events = None
-            for col in columns:
-                g = self.group_of[col]
-                if fixed[col]:
-                    vals, ok = src[col]
-                    ov, oo = out[col]
-                    if ok is not None:
-                        k.gather(ok, starts, lens, oo[a:b])
-                    if col in self.codecs[g].dictionaries:
-                        nbytes = k.string_bytes(vals, no_flags if ok is None else ok, starts, lens, self._dict_bytes(col)[0])
-                        if nbytes < 0:
-                            raise CorruptFileError(f"a chunk of {col} holds a code outside the build's dictionary "
-                                                   f"(build {self.info.build_id})", self.info.db_dir)
-                        got[col] = nbytes
-                    else:
-                        k.gather(vals, starts, lens, ov[a:b])
-                else:
-                    if events is None:
-                        events = pa.array(_ranges(lo[r0:r1], lengths[r0:r1], b - a))
-                    got[col] = fetched[g].column(col).take(events).combine_chunks()
-            return got
-
-        def run(fn, items: list) -> list:
-            return list(_pool(threads).map(fn, items)) if len(items) > 1 else [fn(x) for x in items]
-
-        parts = run(piece, spans)
-        strings = [col for col in columns if fixed[col] and col in self.codecs[self.group_of[col]].dictionaries]
-        data: dict[str, tuple[np.ndarray, list[int]]] = {}
-        for col in strings:
-            sizes = [p[col] for p in parts]
-            bases = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-            if pa.types.is_string(self._field(col).type) and bases[-1] >= 1 << 31:
-                raise FeatureLakeError(f"a lookup returned more than 2**31 bytes of {col}: use smaller batches or max_len")
-            data[col] = (np.empty(int(bases[-1]), np.uint8), bases.tolist())
-            out[col][0][total] = bases[-1]
-
-        def fill(i: int) -> None:
-            """Round two of piece ``i``: its strings' offsets and bytes, from its base on."""
-            r0, r1 = spans[i]
-            a, b = int(offsets[r0]), int(offsets[r1])
-            for col in strings:
-                vals, ok = src[col]
-                lens, words = self._dict_bytes(col)
-                buf, bases = data[col]
-                fn = k.strings8 if words.shape[1] == 1 else k.strings  # strings of up to 8 bytes: one store each
-                fn(vals, no_flags if ok is None else ok, src_fixed[r0:r1], lengths[r0:r1], lens, words, bases[i],
-                   bases[i + 1], out[col][0][a:b], buf)
-
-        if strings:
-            run(fill, list(range(len(spans))))
-        arrays = []
-        for col in columns:
-            if col in data:
-                ov, oo = out[col]
-                t = self._field(col).type
-                bitmap = None if oo is None or oo.all() else pa.py_buffer(np.packbits(oo, bitorder="little"))
-                arrays.append(pa.Array.from_buffers(t, total, [bitmap, pa.py_buffer(ov), pa.py_buffer(data[col][0])]))
-            elif col in out:
-                vals, ok = out[col]
-                arrays.append(self.codecs[self.group_of[col]].to_arrow(col, vals, ok))
-            else:
-                got = [p[col] for p in parts if col in p]
-                arrays.append(got[0] if len(got) == 1 else pa.concat_arrays(got))
-        return arrays
-
-    def _dict_bytes(self, col: str) -> tuple[np.ndarray, np.ndarray]:
-        """Dictionary column ``col``'s strings for the string kernel: (UTF-8 length, 8-byte words) per code."""
-        got = self._dicts.get(col)
-        if got is None:
-            got = self._dicts[col] = dictionary_words(self.codecs[self.group_of[col]].dictionaries[col])
-        return got
 
     def _select(self, keys, rows, b, w, max_len, columns, threads, batch_keys, stats, scratch: bool = False,
                 narrow: bool = False, compiled: bool = False):
@@ -577,15 +459,3 @@ def _part_size(n: int, batch: int, threads: int) -> int:
         return max(1, batch)
     rounds = -(-n // (threads * batch))
     return max(1, -(-n // (rounds * threads)))
-
-
-_POOLS: dict[int, ThreadPoolExecutor] = {}
-_POOLS_LOCK = threading.Lock()
-
-
-def _pool(threads: int) -> ThreadPoolExecutor:
-    with _POOLS_LOCK:
-        pool = _POOLS.get(threads)
-        if pool is None:
-            pool = _POOLS[threads] = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="featurelake-seq")
-        return pool
