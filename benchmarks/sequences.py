@@ -51,6 +51,7 @@ import numpy as np
 import pyarrow as pa
 
 from benchmarks.common import Config, fmt_bytes, goal, print_goals, profile_call, ratio, work_dir, write_result
+from benchmarks.sequences_floors import assembly_floor, cold_floor, lookups_vs_floor, record_cold_keys, steady_allocator
 from benchmarks.sequences_long import long_histories, long_sizes
 
 NAME = "sequences"
@@ -227,6 +228,10 @@ def throughput(samples, view, cfg, repeat: int, st=None) -> dict[str, Any]:
         joined_with(cached)()  # warm: every user decoded once
         runs["list_view_cached"] = joined_with(cached)
         runs["list_view_cached_cold"] = lambda: joined_with(st.view(layout="list_view", cache_bytes=CACHE_BYTES, **kw))()
+        # the cold epoch's storage floor: a raw multi-get of exactly the keys a cold epoch fetches, same threads
+        recorder = st.view(layout="list_view", cache_bytes=CACHE_BYTES, **kw)
+        cold_keys = record_cold_keys(samples, recorder, cols, BATCH)
+        runs["cold_floor"] = lambda: (cold_floor(recorder.store, cold_keys, view.threads, view.batch_keys), (0, 0))[1]
     best = {name: float("inf") for name in runs}
     times: dict[str, list[float]] = {name: [] for name in runs}
     counts = {}
@@ -238,7 +243,7 @@ def throughput(samples, view, cfg, repeat: int, st=None) -> dict[str, Any]:
             best[name] = min(best[name], times[name][-1])
     assert counts["full_width"][0] == counts["training_reader"][0] == counts["plain"][0]
     rows, events = counts["joined"]
-    floor_s = assembly_floor(samples, view, cols, repeat)
+    floor_s = assembly_floor(samples, view, cols, repeat, BATCH)
     out = {
         "assembly_floor_rows_per_s": round(rows / floor_s),
         "assembly_floor_over_plain_throughput": ratio(best["plain"], floor_s),
@@ -263,105 +268,26 @@ def throughput(samples, view, cfg, repeat: int, st=None) -> dict[str, Any]:
             out[f"{name}_rows_per_s"] = round(rows / best[name])
             out[f"{name}_over_plain_throughput"] = ratio(best["plain"], best[name])
             out[f"{name}_over_training_reader_throughput"] = ratio(best["training_reader"], best[name])
+    for name in runs:
+        if name.startswith("list_view"):  # each repetition runs plain and the join back to back: the median ratio
+            out[f"{name}_over_plain_throughput_paired_median"] = round(
+                float(np.median([p / t for p, t in zip(times["plain"], times[name])])), 4)
+    if "cold_floor" in runs:
+        cold = best["list_view_cached_cold"]
+        out["cold_floor"] = {
+            "keys": sum(len(k) for k in cold_keys), "multi_gets": len(cold_keys), "threads": view.threads,
+            "s": round(best["cold_floor"], 4), "rows_per_s": round(rows / best["cold_floor"]),
+            # the most the cold join could reach: its fetch alone, with nothing decoded or joined
+            "floor_over_plain_throughput": ratio(best["plain"], best["cold_floor"]),
+            "cold_join_over_floor_time": ratio(cold, best["cold_floor"]),
+            "cold_join_over_floor_time_paired_median": round(
+                float(np.median([c / f for c, f in zip(times["list_view_cached_cold"], times["cold_floor"])])), 4),
+        }
     out["seconds_per_run"] = {name: [round(t, 4) for t in ts] for name, ts in times.items()}
     if cached is not None:
         out["list_view_cache"] = {"arena_events": cached.cache.size, "arena_bytes": sum(a.nbytes for a in cached.cache.data.values()),
                                   "resets": cached.cache.resets, "cache_bytes": CACHE_BYTES}
     return out
-
-
-def assembly_floor(samples, view, cols: list[str], repeat: int) -> float:
-    """Seconds to assemble the joined lists alone: the same output built from arrays already in memory.
-
-    Per batch: gather every row's events (its list's length, contiguous, the
-    best case) from in-memory numpy columns, decode the string column's codes,
-    and build the list<struct> column -- no store, no decode, no selection.
-    No join that materializes the lists can run faster on this machine.
-    """
-    from featurelake.sequences.codecs import FixedCodec
-
-    batches = list(samples.batches(columns=cols, batch_size=BATCH, sequences={"hist": view}))
-    store = view.store
-    codecs = {c: store.codecs[store.group_of[c]] for c in view.columns}
-    prepared = []
-    for b in batches:
-        lst = b.column("hist")
-        total = len(lst.values)
-        pool = {}
-        for c in view.columns:
-            cd = codecs[c]
-            arr = lst.values.field(c)
-            if isinstance(cd, FixedCodec) and c in cd.dictionaries:
-                pool[c] = (pa.compute.index_in(arr, value_set=cd._dict_arrays[c]).fill_null(0).to_numpy().astype(np.uint16), cd)
-            else:
-                pool[c] = (arr.to_numpy(zero_copy_only=False), None)
-        prepared.append((lst.offsets, total, pool))
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for offsets, total, pool in prepared:
-            idx = np.arange(total, dtype=np.int64)
-            arrays = []
-            for c in view.columns:
-                vals, cd = pool[c]
-                got = vals.take(idx)
-                arrays.append(cd.to_arrow(c, got, None) if cd is not None else pa.array(got))
-            pa.ListArray.from_arrays(offsets, pa.StructArray.from_arrays(arrays, names=view.columns))
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
-def steady_allocator() -> bool:
-    """Let glibc keep freed memory in the process (no trimming, no per-array mmap) for the floor comparison.
-
-    The raw multi-get holds a batch's ~20 MB of values at once; whether the
-    allocator hands those pages back to the OS after each call (and faults
-    them in again, ~4,000 page faults a batch) depended on what the process
-    had freed before (glibc raises its thresholds after freeing large
-    arrays), which moved the floor by 30% between otherwise equal runs.
-    Without trimming both sides measure compute. Returns whether it applied.
-    """
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        m_trim_threshold, m_mmap_threshold = -1, -3
-        return bool(libc.mallopt(m_trim_threshold, 1 << 30)) and bool(libc.mallopt(m_mmap_threshold, 32 << 20))
-    except (OSError, AttributeError):
-        return False
-
-
-def lookups_vs_floor(store, batches: list[pa.RecordBatch], threads: int, repeat: int, columns=HOT) -> dict[str, Any]:
-    """Lookups/s of full lookups vs raw multi-gets of exactly the keys they fetched."""
-    store.recorder = []
-    for b in batches:
-        store.lookup(b.column("user_id"), b.column("ts"), columns, MAX_LEN, None, threads=threads)
-    recorded = store.recorder
-    store.recorder = None
-    rows = sum(b.num_rows for b in batches)
-    looks, floors = [], []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for b in batches:
-            store.lookup(b.column("user_id"), b.column("ts"), columns, MAX_LEN, None, threads=threads)
-        looks.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        for keys in recorded:
-            store.multi_get(keys, threads)
-        floors.append(time.perf_counter() - t0)
-    t_look, t_floor = min(looks), min(floors)
-    return {
-        "rows": rows,
-        "keys_fetched": sum(len(k) for k in recorded),
-        "lookups_per_s": round(rows / t_look),
-        "raw_multiget_rows_per_s": round(rows / t_floor),
-        "lookup_over_floor_time": ratio(t_look, t_floor),
-        # each repetition times the lookups and the floor back to back: the median of those ratios
-        # cancels load that drifts on a shared machine (the best-of ratio above pairs unrelated moments)
-        "lookup_over_floor_time_paired_median": round(float(np.median([a / b for a, b in zip(looks, floors)])), 4),
-        "lookup_over_floor_time_runs": [round(a / b, 3) for a, b in zip(looks, floors)],
-        "threads": threads,
-    }
 
 
 def incremental_build(lake, sz: dict[str, int], cfg: Config, repeat: int) -> dict[str, Any]:
@@ -501,8 +427,8 @@ def run(cfg: Config) -> dict[str, Any]:
         # 3. throughput
         tp = throughput(samples, view_hot, cfg, repeat, st)
         tp["floor_allocator_steady"] = steady_allocator()
-        tp["lookups_vs_floor"] = lookups_vs_floor(store, batches, threads, max(repeat, FLOOR_REPEAT))
-        tp["lookups_vs_floor_one_thread"] = lookups_vs_floor(store, batches, 1, max(repeat, FLOOR_REPEAT))
+        tp["lookups_vs_floor"] = lookups_vs_floor(store, batches, threads, max(repeat, FLOOR_REPEAT), HOT, MAX_LEN)
+        tp["lookups_vs_floor_one_thread"] = lookups_vs_floor(store, batches, 1, max(repeat, FLOOR_REPEAT), HOT, MAX_LEN)
         result["throughput"] = tp
         print(f"  throughput: joined {tp['joined_rows_per_s']:,} rows/s ({tp['joined_events_per_s']:,} events/s) vs plain "
               f"{tp['plain_rows_per_s']:,} rows/s; lookups {tp['lookups_vs_floor']['lookups_per_s']:,}/s vs raw multi-get "
@@ -514,6 +440,10 @@ def run(cfg: Config) -> dict[str, Any]:
         print(f"  list-view joins: {tp['list_view_rows_per_s']:,} rows/s ({tp['list_view_over_plain_throughput']}x); "
               f"cached warm {tp['list_view_cached_rows_per_s']:,} rows/s ({tp['list_view_cached_over_plain_throughput']}x), "
               f"cold {tp['list_view_cached_cold_rows_per_s']:,} rows/s ({tp['list_view_cached_cold_over_plain_throughput']}x)")
+        cf = tp["cold_floor"]
+        print(f"  cold epoch's storage floor (raw multi-get of its {cf['keys']:,} keys, {cf['threads']} threads): "
+              f"{cf['rows_per_s']:,} rows/s ({cf['floor_over_plain_throughput']}x plain); cold join / floor "
+              f"{cf['cold_join_over_floor_time']}x")
 
         # 5. a sequence view and an item-feature view together
         from benchmarks.sequences_features import feature_join
@@ -566,6 +496,16 @@ def run(cfg: Config) -> dict[str, Any]:
             goal("list-view join, history cache filled in the epoch / unjoined rows/s",
                  tp["list_view_cached_cold_over_plain_throughput"], GOAL_JOIN),
         ]
+        # the cold goal against its storage floor: when fetching the epoch's keys alone (raw multi-get, nothing
+        # decoded) is below the target, no cold join can meet it on this store; the goal stays as set
+        floor = tp["cold_floor"]
+        goals.append(goal(f"storage floor of that cold epoch (raw multi-get of exactly its keys, {threads} threads) / "
+                          "unjoined rows/s: the cold goal above is reachable only where this is met",
+                          floor["floor_over_plain_throughput"], GOAL_JOIN))
+        goals[-2].update(storage_floor_over_plain_throughput=floor["floor_over_plain_throughput"],
+                         cold_join_over_floor_time=floor["cold_join_over_floor_time"],
+                         below_storage_floor=floor["floor_over_plain_throughput"] is not None
+                         and floor["floor_over_plain_throughput"] < GOAL_JOIN)
         result["goals"] = goals
         if cfg.profile:
             _, top, _text = profile_call(lambda: [store.lookup(b.column("user_id"), b.column("ts"), HOT, MAX_LEN, None, threads=1)
@@ -586,6 +526,9 @@ def run(cfg: Config) -> dict[str, Any]:
             "list_view_cached: cache_bytes=CACHE_BYTES, warmed by one epoch before timing (each user's whole history "
             "decoded once, a batch is a view of the arena); list_view_cached_cold: a fresh cache per timed epoch (every "
             "user fetched once in it); all interleaved with the plain read and the list join, best of `repeat`",
+            "cold_floor: a raw multi-get (same threads and batch size as the join, values not decoded) of exactly the "
+            "keys one cold list-view epoch fetched (recorded once, untimed), interleaved with the runs above; the cold "
+            "goal is below it when floor_over_plain_throughput < the goal (its goal entry says below_storage_floor)",
             "long histories: batches of 16 distinct users, one row each (own `before`, uniform over days 60..365 of a "
             "one-year history); full size 2000 users x 2K, 100 x 80K, 16 x 800K events; window = 3.65 days (1% of the "
             "history) capped at 256 events",
