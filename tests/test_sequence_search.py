@@ -130,6 +130,64 @@ def test_time_grid_at_the_ends_of_int64():
     assert got.tolist() == [int(w) for w in want]
 
 
+# ------------------------------------------------------------- segment lookup
+@pytest.mark.parametrize("dense", [True, False], ids=["segment-table", "bisect"])
+def test_find_segments_matches_a_dict(dense):
+    """The compiled key -> segment lookup of the history cache against a dict, keys at the ends of int64 included."""
+    from featurelake.sequences.timegrid import kernels
+
+    rng = np.random.default_rng(3)
+    lo, hi = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+    if dense:  # a table over the highest keys: queries far below (lo) must not wrap into it
+        low = hi - 9_999
+        cached = np.unique(low + rng.integers(0, 10_000, 4_000))
+    else:
+        cached = np.unique(np.concatenate([rng.integers(-10**15, 10**15, 3_000), [lo, lo + 1, hi - 1, hi]]))
+    cached = cached.astype(np.int64)
+    segment = {int(k): int(s) for k, s in zip(cached, rng.permutation(len(cached)))}
+    keys = np.sort(cached)
+    ordinal = np.array([segment[int(k)] for k in keys], np.int64)
+    if dense:
+        table = np.full(10_000, -1, np.int64)
+        table[keys - low] = ordinal
+        high = hi
+    else:
+        low, high, table = 0, -1, np.empty(0, np.int64)
+    extremes = np.array([lo, lo + 1, -1, 0, 1, hi - 10_000, hi - 9_999, hi - 1, hi], np.int64)
+    kv = np.concatenate([rng.choice(cached, 2_000), rng.integers(-10**15, 10**15, 500), extremes]).astype(np.int64)
+    seg = np.empty(len(kv), np.int64)
+    misses = kernels().find_segments(kv, low, high, table, keys, ordinal, seg)
+    want = [segment.get(int(k), -1) for k in kv]
+    assert seg.tolist() == want and misses == sum(w < 0 for w in want)
+    # every key cached: find_cut_rows cuts like cut_rows over the segments found; one not cached: -1, nothing cut
+    hits = np.array([k for k, w in zip(kv, want) if w >= 0], np.int64)
+    n_seg = len(cached)
+    counts = rng.integers(0, 5, n_seg)
+    starts = np.cumsum(counts) - counts
+    times = np.sort(rng.integers(0, 100, int(counts.sum()))).astype(np.int64)  # so each segment's run is sorted
+    grid = TimeGrid()
+    grid.append(times, counts)
+    before = rng.integers(-5, 105, len(hits)).astype(np.int64)
+    rows = np.arange(len(hits))
+    args = (grid.first, grid.shift, grid.cells, grid.off, grid.grid, grid.steps, times, before, True, 3, -1)
+    want_off, want_size = np.empty(len(hits), np.int32), np.empty(len(hits), np.int32)
+    want_seg = np.array([segment[int(k)] for k in hits], np.int64)
+    want_events = kernels().cut_rows(want_seg, rows, starts, counts, *args, want_off, want_size)
+    off, size, seg = np.empty(len(hits), np.int32), np.empty(len(hits), np.int32), np.empty(len(hits), np.int64)
+    events = kernels().find_cut_rows(hits, low, high, table, keys, ordinal, seg, rows, starts, counts, *args, off, size)
+    assert events == want_events and off.tolist() == want_off.tolist() and size.tolist() == want_size.tolist()
+    for r, (o, z) in enumerate(zip(off, size)):  # and both are the last 3 events of the segment before the time
+        s = want_seg[r]
+        run = times[starts[s] : starts[s] + counts[s]]
+        end = starts[s] + np.searchsorted(run, before[r], side="left")
+        assert (o, o + z) == (max(starts[s], end - 3), end)
+    missing = np.concatenate([hits[:5], kv[[w < 0 for w in want]][:1]])
+    seg = np.empty(len(missing), np.int64)
+    events = kernels().find_cut_rows(missing, low, high, table, keys, ordinal, seg, np.arange(len(missing)), starts,
+                                     counts, *args[:7], before[: len(missing)], True, 3, -1, off, size)
+    assert events == -1 and seg[-1] == -1 and (seg[:-1] >= 0).all()
+
+
 # ------------------------------------------------------------------ pairs
 @pytest.mark.parametrize("long", [False, True], ids=["dense-line", "sort-fallback"])
 def test_pairs_are_the_distinct_chunks_rows_need(long):
@@ -360,8 +418,15 @@ def test_views_read_each_head_once_and_answer_as_the_store(lake, layout):
     assert tiny.stats["head_bytes"] > heads[0]     # cleared and read again
 
 
-def test_a_reset_by_another_worker_between_finding_and_reading_is_seen(lake):
-    """The other join worker drops and refills the arena after this batch found its (all cached) users: re-found."""
+@pytest.mark.parametrize("entry", [1, 2, 3, 4])
+def test_a_reset_by_another_worker_between_finding_and_reading_is_seen(lake, entry):
+    """The other join worker drops and refills the arena at the ``entry``-th time this batch takes the cache's lock.
+
+    The batch (cached users and one not cached) takes it to snapshot the arena
+    (1), to find its users (2), to append what it fetched (3) and to read the
+    arena (4): wherever the reset falls, its users are found again and the
+    answer is the oracle's.
+    """
     import threading
 
     schema = pa.schema([pa.field("user_id", pa.int64(), nullable=False), pa.field("ts", pa.timestamp("us"), nullable=False),
@@ -372,10 +437,11 @@ def test_a_reset_by_another_worker_between_finding_and_reading_is_seen(lake):
     stored = st.read()
     view = st.view(key="user_id", time="ts", columns=["item_id"], max_len=6, layout="list_view", cache_bytes=1 << 24)
     cache = view.cache
-    mine = pa.array(list(range(0, 20)), pa.int64())
+    cached = pa.array(list(range(0, 20)), pa.int64())
+    mine = pa.array(list(range(0, 20)) + [45], pa.int64())  # user 45 has no history: fetched, cached empty
     others = pa.array(list(range(20, 40)), pa.int64())
-    when = pa.array([T0 + dt.timedelta(minutes=2000)] * 20, pa.timestamp("us"))
-    view.join(mine, when)  # all of this batch's users are cached now
+    when = pa.array([T0 + dt.timedelta(minutes=2000)] * 21, pa.timestamp("us"))
+    view.join(cached, when[:20])  # all of this batch's users but one are cached now
 
     class ResetBetween:
         """The cache's lock; its second entry in a join first lets "another worker" reset and refill the arena."""
@@ -386,7 +452,7 @@ def test_a_reset_by_another_worker_between_finding_and_reading_is_seen(lake):
 
         def __enter__(self):
             self.entries += 1
-            if self.entries == 2:
+            if self.entries == entry:
                 cache._reset()
                 cache._append(*_fetched(cache, others))
             return self.inner.__enter__()
