@@ -359,6 +359,31 @@ def test_cheap_items_run_in_the_callers_thread_in_order():
     assert not any(t.name.startswith("t-cheap") for t in threading.enumerate() if t.name not in before)
 
 
+def test_one_slow_item_keeps_cheap_items_in_the_callers_thread():
+    """A single slow call among cheap ones (a descheduled join) does not hand items to workers; two in a row do."""
+    import threading
+    import time
+
+    main = threading.get_ident()
+
+    def run(slow: set[int]) -> list[bool]:
+        ran_in: dict[int, int] = {}
+
+        def fn(i):
+            ran_in[i] = threading.get_ident()
+            if i in slow:
+                time.sleep(0.01)
+            return pa.table({"i": [i]})
+
+        out = list(pipelined(iter(range(10)), fn, prefetch=2, workers=2, inline_below_s=0.005, first_cost_s=0.0))
+        assert [t["i"][0].as_py() for t in out] == list(range(10))
+        return [ran_in[i] == main for i in range(10)]
+
+    assert all(run({3}))
+    in_caller = run({3, 4})
+    assert in_caller[:5] == [True] * 5 and not in_caller[5]  # after two slow calls the next goes to a worker
+
+
 def test_a_warm_view_starts_its_next_epoch_inline(lake):
     st = lake.create_sequence_table("ml.ev", pa.schema([pa.field("user_id", pa.int64(), nullable=False),
                                                         pa.field("ts", pa.timestamp("us"), nullable=False),

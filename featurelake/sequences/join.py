@@ -164,19 +164,22 @@ def pipelined(stream: Iterator[Any], fn: Callable[[Any], Any], drop: Sequence[st
     ``fn`` took less than ``inline_below_s`` seconds, items are done in the
     calling thread (after the pending ones): handing a sub-millisecond item
     to a worker and back costs more than it overlaps (measured on warm
-    history-cache joins: 18.3 ms an epoch pipelined, 16.1 ms inline); the
-    first slow call sends the next items to the workers again. ``first_cost_s``
-    stands for the cost of the call before the first (a caller's estimate);
-    the worker threads start only when an item goes to them.
+    history-cache joins: 18.3 ms an epoch pipelined, 16.1 ms inline). What
+    decides is the cheaper of the last two calls: two slow calls in a row
+    send the next items to the workers again, a single one does not (on a
+    shared machine one call in a few hundred is descheduled past the bound,
+    and each switch starts handing items over). ``first_cost_s`` stands for
+    the cost of the calls before the first (a caller's estimate); the worker
+    threads start only when an item goes to them.
     """
     pending: list = []
     pool: ThreadPoolExecutor | None = None
-    last = [first_cost_s]  # seconds the latest finished call took (written by whichever thread ran it)
+    recent = [(first_cost_s, first_cost_s)]  # seconds the last two finished calls took (whichever thread ran them)
 
     def timed(item: Any) -> Any:
         t0 = time.perf_counter()
         out = fn(item)
-        last[0] = time.perf_counter() - t0
+        recent[0] = (recent[0][1], time.perf_counter() - t0)  # one store of a new pair: readers see either
         return out
 
     def finish(out):
@@ -184,7 +187,7 @@ def pipelined(stream: Iterator[Any], fn: Callable[[Any], Any], drop: Sequence[st
 
     try:
         for item in stream:
-            if last[0] < inline_below_s:
+            if min(recent[0]) < inline_below_s:
                 while pending:
                     yield finish(pending.pop(0).result())
                 yield finish(timed(item))
