@@ -135,6 +135,10 @@ def _cuts(first: np.ndarray, shift: np.ndarray, cells: np.ndarray, off: np.ndarr
     (a cell holds 0, 1 or 2 events ~97% of the time at two cells an event;
     a branch on each was mispredicted often: 5.0 -> 4.7 ms a warm epoch's
     cuts, measured); only the rest step on and bisect (``steps`` in all).
+    Slots outside the cell are never read from the arena (empty cells, about
+    half the queries at two cells an event, read the last slot, always
+    cached): 5.2 -> 4.6 ms an epoch's cuts with the CPU caches flushed first,
+    as after other work (4.2 -> 3.8 ms warm), measured.
     """
     n = len(q)
     at = np.empty(n, np.int64)
@@ -157,15 +161,15 @@ def _cuts(first: np.ndarray, shift: np.ndarray, cells: np.ndarray, off: np.ndarr
     if last < 0:
         return
     head = at  # reused: the time at each cell's first slot
-    for i in range(n):
+    for i in range(n):  # an empty cell (about half) reads one hot slot instead of the arena
         h = out[i]
-        head[i] = times[h if h < last else last]
+        head[i] = times[h if h < end[i] else last]
     for i in range(n):  # branch-free for cells of up to two events before q (~97%: a branch per event mispredicted)
         h = out[i]
         e = end[i]
         qi = q[i]
         c0 = (h < e) & (head[i] < qi)
-        c1 = c0 & (h + 1 < e) & (times[h + 1 if h < last else last] < qi)
+        c1 = c0 & (h + 1 < e) & (times[h + 1 if h + 1 < e else last] < qi)
         out[i] = h + np.int64(c0) + np.int64(c1)
         if c1 and h + 2 < e:  # a crowded cell: more steps, then a binary search
             out[i] = _finish(times, h + 2, e, qi, steps - 2)
