@@ -404,9 +404,10 @@ class HistoryCache:
                 and len(before) == len(keys) and self._time_type is not None and before.type.equals(self._time_type)
                 and (max_len is None or (not isinstance(max_len, bool) and int(max_len) >= 0))):
             n = len(keys)
-            if len(self._rows) < n:
-                self._rows = np.arange(max(n, 2 * len(self._rows)))  # shared by batches: never written
-            return n, before.view(pa.int64()).to_numpy(), None, self._rows[:n]
+            rows = self._rows  # read once: the other join worker may replace it meanwhile
+            if len(rows) < n:
+                rows = self._rows = np.arange(max(n, 2 * len(rows)))  # shared by batches: never written
+            return n, before.view(pa.int64()).to_numpy(), None, rows[:n]
         return self.store.prepare(keys, before, max_len, window)
 
     def join(self, keys: pa.Array, before: Any, max_len: int | None, window: Any, threads: int,
