@@ -44,11 +44,14 @@ def apply_layers(
     None when the layer holds every row in file order, values). ``owned``
     names the columns of ``base`` decoded for this read alone, whose buffers
     nothing else holds: fixed-width ones are updated in place (see the module
-    docstring). Columns no layer touches are passed through as they are.
+    docstring). Columns no layer touches are passed through as they are; when
+    every touched column was updated in place without a change to its nulls,
+    ``base`` itself is returned (its buffers now hold the merged values).
     """
     n = base.num_rows
     end = start + n
-    index = {name: i for i, name in enumerate(base.schema.names)}
+    names = base.schema.names
+    index = {name: i for i, name in enumerate(names)}
     per_column: dict[int, list[tuple[np.ndarray | None, pa.Array]]] = {}
     for _, pos, values in layers:
         touched = [(index[name], vi) for vi, name in enumerate(values.schema.names) if name in index]
@@ -75,24 +78,42 @@ def apply_layers(
             per_column.setdefault(ci, []).append((local, values.column(vi).slice(lo, hi - lo)))
     if not per_column:
         return base
-    columns = list(base.columns)
+    columns = base.columns
+    changed = False
     for ci, updates in per_column.items():
-        target = columns[ci].type
-        updates = [(local, piece if piece.type.equals(target) else piece.cast(target)) for local, piece in updates]
-        col, mine = columns[ci], base.schema.names[ci] in owned
+        col = columns[ci]
+        target = col.type
+        updates = [(local, piece if piece.type == target else piece.cast(target)) for local, piece in updates]
+        mine = names[ci] in owned
         if updates[0][0] is None:  # a dense layer at the bottom: it is the base (held by the layer cache: not ours)
             col, mine = updates.pop(0)[1], False
         if not updates:
-            columns[ci] = col
+            merged = col
         elif _byte_width(target):
-            columns[ci] = scatter(col, updates, in_place=mine)
+            merged = scatter(col, updates, in_place=mine)
         else:
-            columns[ci] = take_newest(col, updates)
-    return pa.RecordBatch.from_arrays(columns, schema=base.schema)
+            merged = take_newest(col, updates)
+        if merged is not columns[ci]:
+            columns[ci] = merged
+            changed = True
+    return pa.RecordBatch.from_arrays(columns, schema=base.schema) if changed else base
+
+
+_WIDTHS: dict[pa.DataType, int] = {}
 
 
 def _byte_width(t: pa.DataType) -> int:
-    """Bytes per value of a fixed-width type whose values can be moved as machine words (0: not one)."""
+    """Bytes per value of a fixed-width type whose values can be moved as machine words (0: not one);
+    worked out once per type (a column's type is asked for on every batch)."""
+    width = _WIDTHS.get(t)
+    if width is None:
+        if len(_WIDTHS) > 1024:
+            _WIDTHS.clear()
+        width = _WIDTHS[t] = _width_of(t)
+    return width
+
+
+def _width_of(t: pa.DataType) -> int:
     if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_temporal(t)
             or pa.types.is_decimal(t) or pa.types.is_fixed_size_binary(t)):
         return 0
@@ -103,9 +124,12 @@ def _byte_width(t: pa.DataType) -> int:
     return bits // 8 if bits % 8 == 0 and bits >= 8 else 0
 
 
+_DTYPES = {width: np.dtype(word) for width, word in _WORDS.items()}
+
+
 def _dtype(width: int) -> np.dtype:
-    word = _WORDS.get(width)
-    return np.dtype(word) if word is not None else np.dtype((np.void, width))
+    found = _DTYPES.get(width)
+    return found if found is not None else np.dtype((np.void, width))
 
 
 def _values(arr: pa.Array, width: int) -> np.ndarray:
@@ -130,7 +154,7 @@ def scatter(col: pa.Array, updates: list[tuple[np.ndarray, pa.Array]], in_place:
     """
     width = _byte_width(col.type)
     n, offset = len(col), col.offset
-    validity, data = col.buffers()[:2]
+    data = col.buffers()[1]
     ours = in_place and data is not None and data.is_mutable
     if ours:
         out = np.frombuffer(data, dtype=_dtype(width), count=offset + n)[offset:]
@@ -141,8 +165,11 @@ def scatter(col: pa.Array, updates: list[tuple[np.ndarray, pa.Array]], in_place:
     for local, piece in updates:
         out[local] = _values(piece, width)
     if col.null_count == 0 and not any(piece.null_count for _, piece in updates):
-        # no nulls before or after: an existing bitmap (all set in these rows) may stay as it is
-        return pa.Array.from_buffers(col.type, n, [validity if ours else None, data], null_count=0, offset=offset)
+        # no nulls before or after: an existing bitmap (all set in these rows) may stay as it is; written
+        # in place, ``col`` itself already holds the merged values
+        if ours:
+            return col
+        return pa.Array.from_buffers(col.type, n, [None, data], null_count=0, offset=offset)
     valid = np.zeros(offset + n, dtype=bool)
     valid[offset:] = _validity(col)
     for local, piece in updates:

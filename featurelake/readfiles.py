@@ -336,10 +336,11 @@ def projection(pf: "pq.ParquetFile | RemoteParquet", ids: frozenset[int], extra_
 
 def leaf_projection(
     reader: ParquetReader, ids: frozenset[int], extra_ids: tuple[int, ...]
-) -> tuple[Schema, list[str], list[str], list[int]]:
+) -> tuple[Schema, list[str], list[str], list[int], bool]:
     """:func:`projection` of a file opened as a bare ``ParquetReader`` (no ``ParquetFile``, no
     :class:`Footer`), plus the leaf column indices that read those columns, as ``ParquetFile.read``
-    would pick them.
+    would pick them, and whether the file is flat (every top-level column one leaf: its leaf indices
+    are its top-level indices, which ``read_column`` takes).
 
     Kept per Parquet schema, compared with ``ParquetSchema.equals`` (names, types, repetition and
     field ids of every node): it fixes the leaves and, by field id, the columns and their Iceberg
@@ -353,7 +354,8 @@ def leaf_projection(
         if candidate.equals(schema):
             return found
     projected, columns, extra = _project(reader.schema_arrow, ids, extra_ids)
-    found = (projected, columns, extra, leaf_indices(reader, columns + extra))
+    paths = reader.column_paths
+    found = (projected, columns, extra, leaf_indices(reader, columns + extra), all(len(path) == 1 for path in paths))
     if len(known) >= 8:
         del known[0]
     if len(_LEAF_PROJECTIONS) > 1024:
@@ -467,6 +469,30 @@ def conform_batch(
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
         names = [f.name for f in file_schema.fields]
         return _to_requested_schema(requested, file_schema, batch.select(names), downcast_ns_timestamp_to_us=True), frozenset()
+
+
+def conform_arrays(
+    arrays: list[pa.Array], rows: int, file_schema: Schema, requested: Schema, target: pa.Schema, names: list[str]
+) -> pa.RecordBatch:
+    """:func:`conform_batch` of a file's columns read one by one (``arrays``: ``file_schema``'s columns, in
+    its order, named ``names``), without first assembling them into a batch: the same columns matched,
+    renamed and cast; the same fallback when a direct cast does not apply."""
+    if not arrays:
+        return empty_batch(target, rows)
+    plan, _ = _conform_plan(file_schema, requested, target)
+    if len(arrays) < len(file_schema.fields):
+        raise pa.ArrowInvalid(f"{len(arrays)} columns for a file projection of {len(file_schema.fields)}")
+    columns = []
+    try:
+        for index, arrow_field in plan:
+            if index is None:
+                columns.append(pa.nulls(rows, arrow_field.type))
+                continue
+            col = arrays[index]
+            columns.append(col if col.type.equals(arrow_field.type) else col.cast(arrow_field.type))
+        return pa.RecordBatch.from_arrays(columns, schema=target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return conform_batch(pa.RecordBatch.from_arrays(arrays, names=names), file_schema, requested, target)[0]
 
 
 _PLANS: dict = {}

@@ -332,5 +332,62 @@ def test_leaf_projection_tells_files_apart_by_field_id():
 
     readfiles.clear_caches()
     for ids, expected in (((7, 8), ["a"]), ((8, 7), ["b"]), ((7, 8), ["a"]), ((9, 10), [])):
-        _, columns, extra, leaves = readfiles.leaf_projection(reader(ids), frozenset({7}), ())
-        assert columns == expected and extra == [] and leaves == [ord(c) - ord("a") for c in expected]
+        _, columns, extra, leaves, flat = readfiles.leaf_projection(reader(ids), frozenset({7}), ())
+        assert columns == expected and extra == [] and leaves == [ord(c) - ord("a") for c in expected] and flat
+
+
+def test_flat_update_files_read_column_by_column_equal_pyarrow_and_the_table_path(lake, monkeypatch):
+    """A flat update file (every column one leaf) is decoded column by column (``read_column``): with
+    several row groups, nulls, strings and a column cast on read it gives what the table path
+    (``read_all``, as nested files take) and pyarrow reading the file by hand give, and a first read
+    through it equals the oracle."""
+    from featurelake import layerload, openfiles
+    from featurelake.layerload import POS_FIELD_ID
+
+    flat_calls = []
+    decode_flat = layerload._decode_flat
+    monkeypatch.setattr(layerload, "_decode_flat", lambda *a: flat_calls.append(1) or decode_flat(*a))
+    n = 1_200
+    rng = np.random.default_rng(31)
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("i", pa.int32()), pa.field("s", pa.string())])
+    t = lake.create_table("ns.flat", schema, primary_key="id", partition_by=[])
+    oracle = Oracle(n)
+    ids = np.arange(n, dtype=np.int64)
+    oracle.set("id", ids, pa.array(ids))
+    oracle.set("i", ids, pa.array(rng.integers(-9, 9, n).astype(np.int32)))
+    oracle.set("s", ids, pa.array([f"s{v}" for v in ids]))
+    for f in range(2):
+        t.append(oracle.table(schema.names, ids[f * 600:(f + 1) * 600]).cast(schema))
+    keys = np.sort(rng.choice(n, 700, replace=False))
+    i_new = pa.array(rng.integers(-99, 99, 700).astype(np.int32), mask=rng.random(700) < 0.3)
+    s_new = pa.array([f"u{v}" for v in keys], mask=rng.random(700) < 0.2)
+    t.backfill(pa.table({"id": pa.array(keys), "i": i_new, "s": s_new}))
+    oracle.set("i", keys, i_new)
+    oracle.set("s", keys, s_new)
+    ice = t.iceberg.schema()
+    scan = t.scan(columns=["id", "i", "s"])
+    entries = [e for e in scan.state.entries() if any(i in scan.read_ids for i in e.field_ids)]
+    assert len(entries) == 2
+    for e in entries:
+        by_hand = pq.read_table(e.update_file)
+        pq.write_table(by_hand, e.update_file, row_group_size=100)  # rewritten in row groups: columns come back in chunks
+        assert pq.ParquetFile(e.update_file).metadata.num_row_groups > 1
+        for fields in ((ice.find_field("i").field_id,), (ice.find_field("s").field_id,),
+                       (ice.find_field("i").field_id, ice.find_field("s").field_id)):
+            readfiles.forget_files([e.update_file])
+            key = openfiles.file_key(e.update_file)
+            calls = len(flat_calls)
+            pos, values = scan._decode_layer(e, fields, key)  # flat: column by column
+            assert len(flat_calls) == calls + 1
+            flat_projection = readfiles.leaf_projection
+            try:  # the same file through the table path
+                readfiles.leaf_projection = lambda *a: flat_projection(*a)[:4] + (False,)
+                table_pos, table_values = scan._decode_layer(e, fields, key)
+                assert len(flat_calls) == calls + 1
+            finally:
+                readfiles.leaf_projection = flat_projection
+            assert values.equals(table_values) and values.schema.equals(table_values.schema)
+            assert values.to_pydict() == by_hand.select([ice.find_column_name(i) for i in fields]).to_pydict()
+            pos_name = next(f.name for f in by_hand.schema if f.metadata and int(f.metadata[b"PARQUET:field_id"]) == POS_FIELD_ID)
+            assert np.array_equal(pos, table_pos) and np.array_equal(pos, by_hand.column(pos_name).to_numpy())
+    _check(t, oracle, ["id", "i", "s"])

@@ -62,6 +62,36 @@ def test_overlaid_layers_equal_a_row_by_row_overlay(typ, seed):
     assert got.column("x").validate(full=True) is None
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_layers_written_in_place_equal_the_overlay_and_keep_the_batch(seed):
+    """Columns the reader owns are overlaid in their own buffers: the merged values equal a row-by-row
+    overlay; when no null comes or goes the batch itself comes back (nothing rebuilt), the layers'
+    values are never written, and columns with nulls written get a new, valid bitmap."""
+    rng = np.random.default_rng(seed)
+    n = 500
+    decoded = {c: pa.array(rng.integers(-1000, 1000, n) * 1.0).cast(typ) for c, typ in (("f", pa.float32()), ("i", pa.int64()))}
+    assert all(a.buffers()[1].is_mutable for a in decoded.values())  # pool-allocated, as a decode leaves them
+    base = pa.record_batch(list(decoded.values()), names=list(decoded))
+    expected = {c: a.to_pylist() for c, a in decoded.items()}
+    layers = []
+    for k in range(3):
+        pos = np.sort(rng.choice(n, size=int(rng.integers(1, n // 4)), replace=False)).astype(np.int64)
+        cols = ["f"] if k == 1 else ["f", "i"]
+        nulls = seed % 2 == 1 and k == 2
+        vals = {c: pa.array(rng.integers(-50, 50, len(pos)), mask=(rng.random(len(pos)) < 0.3) if nulls else None).cast(base.schema.field(c).type)
+                for c in cols}
+        layers.append((None, pos, pa.record_batch(list(vals.values()), names=cols)))
+        for c, v in vals.items():
+            for row, x in zip(pos.tolist(), v.to_pylist()):
+                expected[c][row] = x
+    frozen = [layer[2].to_pydict() for layer in layers]
+    got = _apply_layers(base, layers, 0, owned=frozenset(base.schema.names))
+    for c in expected:
+        assert got.column(c).to_pylist() == expected[c] and got.column(c).validate(full=True) is None
+    assert (got is base) == (seed % 2 == 0)
+    assert [layer[2].to_pydict() for layer in layers] == frozen
+
+
 def test_take_newest_agrees_with_scatter_on_numbers():
     rng = np.random.default_rng(3)
     col = pa.array(rng.standard_normal(100), mask=rng.random(100) < 0.1)
