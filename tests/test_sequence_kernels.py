@@ -167,6 +167,52 @@ def test_strings_from_codes_match_python(typ, nulls, lengths, dictionary, kernel
     assert arr.to_pylist() == want
 
 
+@pytest.mark.parametrize("typ", [pa.string(), pa.large_string()])
+@pytest.mark.parametrize("nulls", [False, True])
+@pytest.mark.parametrize("seed", range(4))
+def test_strings8_of_many_rows_sized_and_unsized_match_python(typ, nulls, seed):
+    """Many rows: strings8's unchecked rows and its checked tail, and the one-pass kernel, against Python."""
+    k = kernels()
+    rng = np.random.default_rng(seed)
+    lens, words = dictionary_words(WORDS8)
+    codes = rng.integers(0, len(WORDS8), 500).astype(np.uint8)
+    valid = rng.random(500) < 0.8 if nulls else np.zeros(0, np.bool_)
+    lens_rows = rng.integers(0, 40, 60)
+    lens_rows[rng.integers(0, 60, 10)] = 0
+    starts = np.array([rng.integers(0, 500 - n + 1) for n in lens_rows], np.int64)
+    idx = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lens_rows)]).astype(int)
+    want = [None if nulls and not valid[i] else WORDS8[codes[i]] for i in idx]
+    size = sum(len(w.encode()) for w in want if w)
+    odt = np.int64 if pa.types.is_large_string(typ) else np.int32
+    bitmap = None if not nulls else pa.py_buffer(np.packbits(valid[idx], bitorder="little"))
+    for unsized in (False, True):
+        base = 3
+        offsets = np.empty(len(idx) + 1, odt)
+        data = np.full(base + (8 * len(idx) if unsized else size) + 5, ord("#"), np.uint8)
+        if unsized:
+            assert k.strings8_unsized(codes, valid, starts, lens_rows, lens, words, base, offsets[:-1], data) == base + size
+        else:
+            k.strings8(codes, valid, starts, lens_rows, lens, words, base, base + size, offsets[:-1], data)
+            assert (data[base + size :] == ord("#")).all()  # nothing past the piece's end
+        assert (data[:base] == ord("#")).all()
+        offsets[-1] = base + size
+        arr = pa.Array.from_buffers(typ, len(idx), [bitmap, pa.py_buffer(offsets - base),
+                                                    pa.py_buffer(data[base : base + size].copy())])
+        arr.validate(full=True)
+        assert arr.to_pylist() == want, unsized
+
+
+def test_the_one_pass_strings_report_a_code_outside_the_dictionary():
+    lens, words = dictionary_words(WORDS8)
+    out, data = np.empty(3, np.int64), np.empty(24, np.uint8)
+    starts, n = np.zeros(1, np.int64), np.full(1, 3, np.int64)
+    bad = np.array([0, 1, 9], np.uint16)
+    assert kernels().strings8_unsized(bad, np.zeros(0, np.bool_), starts, n, lens, words, 0, out, data) == -1
+    # a null slot's code is never read
+    assert kernels().strings8_unsized(bad, np.array([True, True, False]), starts, n, lens, words, 0, out, data) == len(
+        (WORDS8[0] + WORDS8[1]).encode())
+
+
 def test_a_code_outside_the_dictionary_is_reported():
     lens = np.array([1, 2], np.int64)
     one = np.ones(1, np.int64)

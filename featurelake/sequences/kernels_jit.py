@@ -162,30 +162,73 @@ def strings(codes, valid, starts, lengths, lens, words, base, end, offsets, data
 def strings8(codes, valid, starts, lengths, lens, words, base, end, offsets, data):  # pragma: no cover - compiled
     """:func:`strings` for dictionaries of strings of at most 8 bytes (``words``: one per code): one store a string.
 
-    Measured on 1M codes of 4 strings: 2.5 ms, against 4.0 ms for :func:`strings`
-    and 11.7 ms copying each string byte by byte. The piece's last strings
-    (within 8 bytes of ``end``) go through :func:`strings`.
+    A row whose strings all end at least 8 bytes before ``end`` (``8 *
+    length`` bytes from the row's first) is copied without a check per
+    string, its null test hoisted out of the loop; the piece's last rows go
+    through :func:`strings`. Measured on the benchmark's 1M codes of 4
+    strings a batch: 0.78 ms, against 1.67 ms checking ``end`` and the
+    validity at every string, 4.0 ms for :func:`strings`, 11.7 ms byte by byte.
     """
     pos = base
     check = valid.shape[0] > 0
+    w = words[:, 0]
     k = 0
     for r in range(starts.shape[0]):
         s, n = starts[r], lengths[r]
-        for j in range(n):
-            if pos + 8 > end:  # the tail: no store past this piece's bytes
-                rest = lengths[r:].copy()
-                rest[0] = n - j
-                first = starts[r:].copy()
-                first[0] = s + j
-                strings(codes, valid, first, rest, lens, words, pos, end, offsets[k + j :], data)
-                return
-            offsets[k + j] = pos
-            if check and not valid[s + j]:
-                continue
-            code = codes[s + j]
-            _store_u64(data, pos, words[code, 0])
-            pos += lens[code]
+        if pos + 8 * n > end:  # the tail: no store past this piece's bytes
+            strings(codes, valid, starts[r:], lengths[r:], lens, words, pos, end, offsets[k:], data)
+            return
+        cs = codes[s : s + n]
+        offs = offsets[k : k + n]
+        if check:
+            ok = valid[s : s + n]
+            for j in range(n):
+                offs[j] = pos
+                if ok[j]:
+                    c = cs[j]
+                    _store_u64(data, pos, w[c])
+                    pos += lens[c]
+        else:
+            for j in range(n):
+                offs[j] = pos
+                c = cs[j]
+                _store_u64(data, pos, w[c])
+                pos += lens[c]
         k += n
+
+
+@jit
+def strings8_unsized(codes, valid, starts, lengths, lens, words, base, offsets, data):  # pragma: no cover - compiled
+    """:func:`strings8` without sizing the bytes first: returns where they end (-1: a code outside the dictionary).
+
+    ``data`` must hold ``base + 8 * sum(lengths)`` bytes (each string takes
+    at most 8: every store fits). Why: sizing the bytes (:func:`string_bytes`)
+    is a pass over the codes of its own, only needed where pieces are
+    written side by side; one piece (one thread) writes them in one pass and
+    checks the codes as it goes (0.85 ms for the benchmark's 1M codes, against
+    0.36 + 0.78 ms sized first).
+    """
+    pos = base
+    check = valid.shape[0] > 0
+    size = lens.shape[0]
+    w = words[:, 0]
+    k = 0
+    for r in range(starts.shape[0]):
+        s, n = starts[r], lengths[r]
+        cs = codes[s : s + n]
+        offs = offsets[k : k + n]
+        ok = valid[s : s + n] if check else valid
+        for j in range(n):
+            offs[j] = pos
+            if check and not ok[j]:
+                continue
+            c = cs[j]
+            if c >= size:
+                return -1
+            _store_u64(data, pos, w[c])
+            pos += lens[c]
+        k += n
+    return pos
 
 
 @jit
