@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 
 from featurelake.sequences.codecs import FixedCodec
-from featurelake.sequences.kernels import decode_into, dictionary_words, kernels, needed_bytes
+from featurelake.sequences.kernels import InPlace, decode_into, dictionary_words, in_place, kernels, needed_bytes
 
 C = 16
 WORDS = ["view", "", "cart", "achat-é", "ünïcode-long-value"]
@@ -109,6 +109,41 @@ def test_compiled_decode_of_some_rows_and_narrowed_outputs():
     wide = codec.grid([enc(0, C), codec.encoder(_events(C, 4))(0, C)])
     assert decode_into(codec, wide, ["item"], codec.alloc(["item"], 2, dtypes={"item": np.dtype(np.uint8)}), 0)[1] == {
         "item": codec.planes_used(wide, "item")} == {"item": 8}
+
+
+@pytest.mark.parametrize("lengths", [[1], [C, C, 3], [5, C, 1, 7, C]])
+@pytest.mark.parametrize("some_rows", [False, True])
+def test_values_read_in_place_decode_as_their_grid(lengths, some_rows):
+    """Every column kind decoded from the bytes objects themselves: byte for byte the grid's decode, needs alike."""
+    codec, values, _ = _chunks(lengths, seed=11 + len(lengths))
+    values = [bytes(bytearray(v)) for v in values]  # fresh objects, not the encoder's
+    grid = codec.grid(values)
+    at = in_place(values, codec.size)
+    assert isinstance(at, InPlace) and len(at) == len(values) and at.nbytes == grid.nbytes
+    rows = np.array([len(values) - 1, 0][: len(values)]) if some_rows else None
+    narrow = {"item": np.dtype(np.uint16), "d": np.dtype(np.uint8)}  # too narrow: their needs are counted on a grid
+    for dtypes in ({}, narrow):
+        want = codec.alloc(NAMES, len(values) + 1, dtypes=dtypes)
+        got = codec.alloc(NAMES, len(values) + 1, dtypes=dtypes)
+        for (wv, wo), (gv, go) in zip(want.values(), got.values()):
+            wv.view(np.uint8)[...] = gv.view(np.uint8)[...] = 0x5A
+            if wo is not None:
+                wo[...] = go[...] = True
+        assert decode_into(codec, at, NAMES, got, 1, rows) == decode_into(codec, grid, NAMES, want, 1, rows)
+        for name in NAMES:
+            np.testing.assert_array_equal(got[name][0].view(np.uint8), want[name][0].view(np.uint8), err_msg=name)
+            if want[name][1] is not None:
+                np.testing.assert_array_equal(got[name][1], want[name][1], err_msg=name)
+
+
+def test_values_not_bytes_of_the_codecs_size_are_not_read_in_place():
+    codec, values, _ = _chunks([C, 3])
+    assert in_place(values, codec.size + 1) is None  # a wrong size: the grid's join reports it
+    assert in_place([values[0], bytearray(values[1])], codec.size) is None
+    assert in_place([values[0], memoryview(values[1])], codec.size) is None
+    assert in_place([values[0], None], codec.size) is None
+    assert in_place([], codec.size) is None
+    assert in_place(values, codec.size) is not None
 
 
 @pytest.mark.parametrize("seen,width,want", [(0, 8, 1), (255, 8, 1), (256, 8, 2), (65535, 4, 2), (65536, 4, 4),

@@ -33,6 +33,56 @@ def _store_u64(typingctx, arr, pos, val):  # pragma: no cover - compiled
     return sig, codegen
 
 
+@intrinsic
+def _u8_ptr(typingctx, addr):  # pragma: no cover - compiled
+    """The address ``addr`` (an int64) as a pointer to bytes, for :func:`numba.carray`."""
+    sig = types.CPointer(types.uint8)(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+
+    return sig, codegen
+
+
+@intrinsic
+def _load_i64(typingctx, addr):  # pragma: no cover - compiled
+    """The int64 at address ``addr`` (aligned)."""
+    sig = types.int64(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.load(builder.inttoptr(args[0], ir.IntType(64).as_pointer()))
+
+    return sig, codegen
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _plane_row(row, off, w, k, c, delta, dst, acc):  # pragma: no cover - compiled
+    """One value's column (``row``: its bytes) into ``dst``: :func:`planes`' loop body; returns (OR of values, OR of
+    the bytes of the planes not decoded)."""
+    high = np.uint8(0)
+    seen = np.uint64(0)
+    plane = row[off : off + c]  # (slices indexed by range loops: no negative-index checks, vectorized)
+    for j in range(c):
+        acc[j] = plane[j]
+    for b in range(1, k):
+        plane = row[off + b * c : off + (b + 1) * c]
+        sh = np.uint64(8 * b)
+        for j in range(c):
+            acc[j] |= np.uint64(plane[j]) << sh
+    rest = row[off + k * c : off + w * c]
+    for j in range(rest.shape[0]):
+        high |= rest[j]
+    if delta:
+        run = np.uint64(0)
+        for j in range(c):
+            run += acc[j]
+            acc[j] = run
+    for j in range(c):
+        seen |= acc[j]
+        dst[j] = acc[j]
+    return seen, high
+
+
 @jit
 def planes(grid, rows, off, w, k, c, delta, out, first):  # pragma: no cover - compiled
     """Values of one column from byte planes: row ``rows[i]`` of ``grid`` into row ``first + rows[i]`` of ``out``.
@@ -49,26 +99,29 @@ def planes(grid, rows, off, w, k, c, delta, out, first):  # pragma: no cover - c
     acc = np.empty(c, np.uint64)
     for i in range(rows.shape[0]):
         r = rows[i]
-        plane = grid[r, off : off + c]  # (slices indexed by range loops: no negative-index checks, vectorized)
-        for j in range(c):
-            acc[j] = plane[j]
-        for b in range(1, k):
-            plane = grid[r, off + b * c : off + (b + 1) * c]
-            sh = np.uint64(8 * b)
-            for j in range(c):
-                acc[j] |= np.uint64(plane[j]) << sh
-        rest = grid[r, off + k * c : off + w * c]
-        for j in range(rest.shape[0]):
-            high |= rest[j]
-        if delta:
-            run = np.uint64(0)
-            for j in range(c):
-                run += acc[j]
-                acc[j] = run
-        dst = out[first + r]
-        for j in range(c):
-            seen |= acc[j]
-            dst[j] = acc[j]
+        s, h = _plane_row(grid[r], off, w, k, c, delta, out[first + r], acc)
+        seen |= s
+        high |= h
+    return seen, high
+
+
+@jit
+def planes_at(addrs, size, rows, off, w, k, c, delta, out, first):  # pragma: no cover - compiled
+    """:func:`planes` of values read where they lie: value ``r``'s ``size`` bytes at address ``addrs[r]``.
+
+    Why: joining a multi-get's values into one grid first is a copy of
+    every fetched byte (with the GIL held); the caller
+    (:class:`featurelake.sequences.kernels.InPlace`) keeps the values alive
+    and has checked that each is a bytes object of ``size`` bytes.
+    """
+    seen = np.uint64(0)
+    high = np.uint8(0)
+    acc = np.empty(c, np.uint64)
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        s, h = _plane_row(numba.carray(_u8_ptr(addrs[r]), (size,)), off, w, k, c, delta, out[first + r], acc)
+        seen |= s
+        high |= h
     return seen, high
 
 
@@ -81,6 +134,29 @@ def flags(grid, rows, off, c, out, first):  # pragma: no cover - compiled
         dst = out[first + r]
         for j in range(c):
             dst[j] = src[j] != 0
+
+
+@jit
+def flags_at(addrs, size, rows, off, c, out, first):  # pragma: no cover - compiled
+    """:func:`flags` of values read where they lie (see :func:`planes_at`)."""
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        src = numba.carray(_u8_ptr(addrs[r]), (size,))[off : off + c]
+        dst = out[first + r]
+        for j in range(c):
+            dst[j] = src[j] != 0
+
+
+@jit
+def bytes_objects(ids, type_id, size, type_at, size_at, data_at, addrs):  # pragma: no cover - compiled
+    """Whether every object ``ids[i]`` (a CPython ``id``) is of type ``type_id`` and ``size`` long; their data
+    addresses into ``addrs`` (header offsets ``type_at``, ``size_at``, ``data_at``: checked by the caller)."""
+    for i in range(ids.shape[0]):
+        a = ids[i]
+        if _load_i64(a + type_at) != type_id or _load_i64(a + size_at) != size:
+            return False
+        addrs[i] = a + data_at
+    return True
 
 
 @jit

@@ -146,6 +146,8 @@ class SequenceStore:
         values outlive its decoding: their memory is reused, still in cache.
         ``compiled`` (used when every group is fixed-codec): each part is
         decoded by the compiled kernels (:mod:`featurelake.sequences.kernels`),
+        from the fetched bytes objects themselves (no grid joined:
+        :func:`~featurelake.sequences.kernels.in_place`),
         without the GIL, in the pool thread that fetched it, so decoding
         overlaps the other parts' multi-gets; parts whose values need more
         bytes than guessed are decoded again, wider, once all are in.
@@ -219,7 +221,7 @@ class SequenceStore:
                     tables.append(table)
             return tables, nbytes, decoded
 
-        redo: list[tuple[int, str, int, np.ndarray, int]] = []  # (group, column, bytes needed, grid, first pair)
+        redo: list[tuple[int, str, int, Any, int]] = []  # (group, column, bytes needed, grid or InPlace, first pair)
 
         def fetch_compiled(p0: int) -> tuple[list[Any], int, int, list[tuple[int, str, int]]]:
             """One part fetched and decoded by the compiled kernels (no GIL held but for the join and the list).
@@ -233,7 +235,10 @@ class SequenceStore:
             widths = []
             for gi, g in enumerate(groups):
                 cd = self.codecs[g]
-                grid = cd.grid(vals[gi::ng] if ng > 1 else vals)
+                part = vals[gi::ng] if ng > 1 else vals
+                grid = in_place(part, cd.size)  # read where they lie: no copy into a grid
+                if grid is None:
+                    grid = cd.grid(part)
                 nbytes += grid.nbytes
                 got, needs = compiled_decode(cd, grid, names[g], out[g], p0)
                 decoded += got
@@ -254,6 +259,7 @@ class SequenceStore:
         starts = range(0, npairs, per_pairs)
         if compiled:
             from featurelake.sequences.kernels import decode_into as compiled_decode
+            from featurelake.sequences.kernels import in_place
 
             if threads > 1 and npairs > per_pairs:
                 results = list(lookup_pool(threads).map(fetch_compiled, starts))
