@@ -272,3 +272,16 @@ def test_count_below_matches_the_numpy_search():
         want = [int(np.sum(times[p, : counts[p]] < b)) for p, b in zip(pairs, bound)]
         assert kernels().count_below(times, counts, pairs, bound).tolist() == want
         assert count_below(times, counts, pairs, bound).tolist() == want
+
+
+def test_run_counts_match_a_search_of_each_run():
+    rng = np.random.default_rng(5)
+    lens = rng.integers(0, 12, 50)
+    lens[:3] = [0, 1, 11]
+    start = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    pool = np.concatenate([np.sort(rng.integers(-100, 100, n)) for n in lens]).astype(np.int64)
+    q_run = rng.integers(0, 50, 400).astype(np.int64)
+    q = rng.integers(-120, 120, 400).astype(np.int64)
+    q[:2] = [np.iinfo(np.int64).min, np.iinfo(np.int64).max]
+    want = [int(np.searchsorted(pool[start[r] : start[r + 1]], v, side="left")) for r, v in zip(q_run, q)]
+    assert kernels().run_counts(pool, start, q_run, q).tolist() == want

@@ -314,3 +314,15 @@ def count_below(times, counts, pairs, bound):  # pragma: no cover - compiled
     for i in range(pairs.shape[0]):
         out[i] = bisect_left(times[pairs[i]], 0, counts[pairs[i]], bound[i])
     return out
+
+
+@jit
+def run_counts(pool, run_start, q_run, q):  # pragma: no cover - compiled
+    """Per query: how many values of its run ``pool[run_start[q_run[i]] : run_start[q_run[i] + 1]]`` (sorted) are
+    below ``q[i]``: a binary search each (:meth:`featurelake.sequences.heads.Heads.chunk_before`'s top level)."""
+    out = np.empty(q.shape[0], np.int64)
+    for i in range(q.shape[0]):
+        r = q_run[i]
+        a = run_start[r]
+        out[i] = bisect_left(pool, a, run_start[r + 1], q[i]) - a
+    return out

@@ -376,9 +376,9 @@ class SequenceStore:
         if br is None:
             c_hi = heads.n_chunks[inv] - 1
         elif w is None:
-            c_hi = heads.chunk_before(inv, br)
+            c_hi = heads.chunk_before(inv, br, compiled)
         else:  # both bounds in one search: one round trip for the head pages they need
-            both = heads.chunk_before(np.concatenate([inv, inv]), np.concatenate([br, br - w]))
+            both = heads.chunk_before(np.concatenate([inv, inv]), np.concatenate([br, br - w]), compiled)
             c_hi, c_win = both[: len(inv)], both[len(inv) :]
         c_lo = np.zeros(len(rows), np.int64)
         if max_len is not None:
