@@ -125,7 +125,8 @@ class SequenceStore:
 
     def _fetch(self, users: np.ndarray, chunks: np.ndarray, names: dict[int, list[str]], threads: int,
                batch: int, stats: dict, partial: dict[int, tuple[list[str], np.ndarray]] | None = None,
-               scratch: bool = False, narrow: bool = False, compiled: bool = False) -> dict[int, Any]:
+               scratch: bool = False, narrow: bool = False, compiled: bool = False,
+               cuts: dict[str, Any] | None = None) -> dict[int, Any]:
         """Chunks of (user, chunk) pairs for the groups in ``names``, fetched and decoded in parallel.
 
         Per group: fixed codec -> {column: (values, validity)} with
@@ -151,6 +152,11 @@ class SequenceStore:
         without the GIL, in the pool thread that fetched it, so decoding
         overlaps the other parts' multi-gets; parts whose values need more
         bytes than guessed are decoded again, wider, once all are in.
+        ``cuts`` (compiled only): {"pairs", "bounds", "counts"}: per query,
+        how many of pair ``pairs[i]``'s events (``counts``: each pair's) have
+        a time below ``bounds[i]``, counted by the thread that decoded the
+        pair's times, while they are in its cache, into ``cuts["below"]``
+        (left unset where the time pool is narrowed: the caller counts).
         """
         groups = sorted(names)
         keys = self.codec.chunk_keys(users, chunks, groups)
@@ -250,6 +256,11 @@ class SequenceStore:
                     rows = np.flatnonzero(partial[g][1][p0 : p0 + len(grid)])
                     if len(rows):
                         decoded += compiled_decode(cd, grid, partial[g][0], out[g], p0, rows)[0]
+            if below is not None:  # the cuts of queries on this part's pairs: their times were just decoded
+                a, b = np.searchsorted(q_sorted, (p0, p0 + per_pairs))
+                if b > a:
+                    q = q_order[a:b]
+                    below[q] = kernels().count_below(q_times, cuts["counts"], q_pairs[q], cuts["bounds"][q])
             return [], nbytes, decoded, widths
 
         # Without compiled kernels, pool threads only multi-get (RocksDB runs without the GIL); this thread
@@ -257,6 +268,13 @@ class SequenceStore:
         # GIL between numpy calls, and the multi-gets with them (4 threads on 2 cores ran slower than one:
         # measured). The compiled kernels hold no GIL: the pool threads decode their own parts.
         starts = range(0, npairs, per_pairs)
+        below = None
+        if compiled and cuts is not None and self.time in out.get(0, {}) and out[0][self.time][0].dtype.itemsize == 8:
+            q_pairs = cuts["pairs"]
+            q_order = np.argsort(q_pairs, kind="stable")
+            q_sorted = q_pairs[q_order]
+            q_times = out[0][self.time][0].view(np.int64).reshape(-1, self.chunk_events)
+            below = cuts["below"] = np.empty(len(q_pairs), np.int64)
         if compiled:
             from featurelake.sequences.kernels import decode_into as compiled_decode
             from featurelake.sequences.kernels import in_place
@@ -423,23 +441,34 @@ class SequenceStore:
                     partial = {0: ([self.time], cut_pairs)}
                 else:
                     names[0].append(self.time)
+        cuts = None
+        if need_time and compiled:  # each row's cut(s), counted by the pool thread that decodes the pair's times
+            bn = br[need]
+            has_win = win_rows is not None and len(win_rows)
+            cuts = {"pairs": np.concatenate([p_hi, p_lo[win_rows]]) if has_win else p_hi,
+                    "bounds": np.concatenate([bn, bn[win_rows] - w]) if has_win else bn, "counts": counts}
         fetched = self._fetch(users[pair_user], pair_chunk, names, threads, batch_keys, stats, partial, scratch, narrow,
-                              compiled)
+                              compiled, cuts)
 
         s = pool_off[p_lo]
         e = pool_off[p_hi + 1]
         h = e
+        counted = cuts.get("below") if cuts is not None else None
         if need_time:
-            times = self._pair_times(fetched[0], counts, pool_off)
             bn = br[need]
-            below = kernels().count_below if compiled else count_below  # (compiled: 4096 rows in ~0.1 ms, not 2)
-            h = pool_off[p_hi] + below(times, counts, p_hi, bn)
+            if counted is not None:
+                h = pool_off[p_hi] + counted[: len(p_hi)]
+            else:
+                times = self._pair_times(fetched[0], counts, pool_off)
+                below = kernels().count_below if compiled else count_below  # (compiled: 4096 rows in ~0.1 ms, not 2)
+                h = pool_off[p_hi] + below(times, counts, p_hi, bn)
         low = s.copy()
         if max_len is not None:
             low = np.maximum(low, h - int(max_len))
         if win_rows is not None and len(win_rows):
             q = p_lo[win_rows]
-            low[win_rows] = np.maximum(low[win_rows], pool_off[q] + below(times, counts, q, bn[win_rows] - w))
+            got = counted[len(p_hi) :] if counted is not None else below(times, counts, q, bn[win_rows] - w)
+            low[win_rows] = np.maximum(low[win_rows], pool_off[q] + got)
         lo[need] = np.minimum(low, h)
         hi[need] = h
         # fixed-codec slots: a row's pairs are whole chunks except maybe the last, so one offset maps them
