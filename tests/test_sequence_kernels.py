@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 
 from featurelake.sequences.codecs import FixedCodec
-from featurelake.sequences.kernels import decode_into, dictionary_words, kernels, needed_bytes
+from featurelake.sequences.kernels import InPlace, decode_into, dictionary_words, in_place, kernels, needed_bytes
 
 C = 16
 WORDS = ["view", "", "cart", "achat-é", "ünïcode-long-value"]
@@ -111,6 +111,41 @@ def test_compiled_decode_of_some_rows_and_narrowed_outputs():
         "item": codec.planes_used(wide, "item")} == {"item": 8}
 
 
+@pytest.mark.parametrize("lengths", [[1], [C, C, 3], [5, C, 1, 7, C]])
+@pytest.mark.parametrize("some_rows", [False, True])
+def test_values_read_in_place_decode_as_their_grid(lengths, some_rows):
+    """Every column kind decoded from the bytes objects themselves: byte for byte the grid's decode, needs alike."""
+    codec, values, _ = _chunks(lengths, seed=11 + len(lengths))
+    values = [bytes(bytearray(v)) for v in values]  # fresh objects, not the encoder's
+    grid = codec.grid(values)
+    at = in_place(values, codec.size)
+    assert isinstance(at, InPlace) and len(at) == len(values) and at.nbytes == grid.nbytes
+    rows = np.array([len(values) - 1, 0][: len(values)]) if some_rows else None
+    narrow = {"item": np.dtype(np.uint16), "d": np.dtype(np.uint8)}  # too narrow: their needs are counted on a grid
+    for dtypes in ({}, narrow):
+        want = codec.alloc(NAMES, len(values) + 1, dtypes=dtypes)
+        got = codec.alloc(NAMES, len(values) + 1, dtypes=dtypes)
+        for (wv, wo), (gv, go) in zip(want.values(), got.values()):
+            wv.view(np.uint8)[...] = gv.view(np.uint8)[...] = 0x5A
+            if wo is not None:
+                wo[...] = go[...] = True
+        assert decode_into(codec, at, NAMES, got, 1, rows) == decode_into(codec, grid, NAMES, want, 1, rows)
+        for name in NAMES:
+            np.testing.assert_array_equal(got[name][0].view(np.uint8), want[name][0].view(np.uint8), err_msg=name)
+            if want[name][1] is not None:
+                np.testing.assert_array_equal(got[name][1], want[name][1], err_msg=name)
+
+
+def test_values_not_bytes_of_the_codecs_size_are_not_read_in_place():
+    codec, values, _ = _chunks([C, 3])
+    assert in_place(values, codec.size + 1) is None  # a wrong size: the grid's join reports it
+    assert in_place([values[0], bytearray(values[1])], codec.size) is None
+    assert in_place([values[0], memoryview(values[1])], codec.size) is None
+    assert in_place([values[0], None], codec.size) is None
+    assert in_place([], codec.size) is None
+    assert in_place(values, codec.size) is not None
+
+
 @pytest.mark.parametrize("seen,width,want", [(0, 8, 1), (255, 8, 1), (256, 8, 2), (65535, 4, 2), (65536, 4, 4),
                                              ((1 << 32) - 1, 8, 4), (1 << 32, 8, 8), (300, 2, 2), (7, 1, 1)])
 def test_needed_bytes(seen, width, want):
@@ -167,6 +202,52 @@ def test_strings_from_codes_match_python(typ, nulls, lengths, dictionary, kernel
     assert arr.to_pylist() == want
 
 
+@pytest.mark.parametrize("typ", [pa.string(), pa.large_string()])
+@pytest.mark.parametrize("nulls", [False, True])
+@pytest.mark.parametrize("seed", range(4))
+def test_strings8_of_many_rows_sized_and_unsized_match_python(typ, nulls, seed):
+    """Many rows: strings8's unchecked rows and its checked tail, and the one-pass kernel, against Python."""
+    k = kernels()
+    rng = np.random.default_rng(seed)
+    lens, words = dictionary_words(WORDS8)
+    codes = rng.integers(0, len(WORDS8), 500).astype(np.uint8)
+    valid = rng.random(500) < 0.8 if nulls else np.zeros(0, np.bool_)
+    lens_rows = rng.integers(0, 40, 60)
+    lens_rows[rng.integers(0, 60, 10)] = 0
+    starts = np.array([rng.integers(0, 500 - n + 1) for n in lens_rows], np.int64)
+    idx = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lens_rows)]).astype(int)
+    want = [None if nulls and not valid[i] else WORDS8[codes[i]] for i in idx]
+    size = sum(len(w.encode()) for w in want if w)
+    odt = np.int64 if pa.types.is_large_string(typ) else np.int32
+    bitmap = None if not nulls else pa.py_buffer(np.packbits(valid[idx], bitorder="little"))
+    for unsized in (False, True):
+        base = 3
+        offsets = np.empty(len(idx) + 1, odt)
+        data = np.full(base + (8 * len(idx) if unsized else size) + 5, ord("#"), np.uint8)
+        if unsized:
+            assert k.strings8_unsized(codes, valid, starts, lens_rows, lens, words, base, offsets[:-1], data) == base + size
+        else:
+            k.strings8(codes, valid, starts, lens_rows, lens, words, base, base + size, offsets[:-1], data)
+            assert (data[base + size :] == ord("#")).all()  # nothing past the piece's end
+        assert (data[:base] == ord("#")).all()
+        offsets[-1] = base + size
+        arr = pa.Array.from_buffers(typ, len(idx), [bitmap, pa.py_buffer(offsets - base),
+                                                    pa.py_buffer(data[base : base + size].copy())])
+        arr.validate(full=True)
+        assert arr.to_pylist() == want, unsized
+
+
+def test_the_one_pass_strings_report_a_code_outside_the_dictionary():
+    lens, words = dictionary_words(WORDS8)
+    out, data = np.empty(3, np.int64), np.empty(24, np.uint8)
+    starts, n = np.zeros(1, np.int64), np.full(1, 3, np.int64)
+    bad = np.array([0, 1, 9], np.uint16)
+    assert kernels().strings8_unsized(bad, np.zeros(0, np.bool_), starts, n, lens, words, 0, out, data) == -1
+    # a null slot's code is never read
+    assert kernels().strings8_unsized(bad, np.array([True, True, False]), starts, n, lens, words, 0, out, data) == len(
+        (WORDS8[0] + WORDS8[1]).encode())
+
+
 def test_a_code_outside_the_dictionary_is_reported():
     lens = np.array([1, 2], np.int64)
     one = np.ones(1, np.int64)
@@ -191,3 +272,16 @@ def test_count_below_matches_the_numpy_search():
         want = [int(np.sum(times[p, : counts[p]] < b)) for p, b in zip(pairs, bound)]
         assert kernels().count_below(times, counts, pairs, bound).tolist() == want
         assert count_below(times, counts, pairs, bound).tolist() == want
+
+
+def test_run_counts_match_a_search_of_each_run():
+    rng = np.random.default_rng(5)
+    lens = rng.integers(0, 12, 50)
+    lens[:3] = [0, 1, 11]
+    start = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    pool = np.concatenate([np.sort(rng.integers(-100, 100, n)) for n in lens]).astype(np.int64)
+    q_run = rng.integers(0, 50, 400).astype(np.int64)
+    q = rng.integers(-120, 120, 400).astype(np.int64)
+    q[:2] = [np.iinfo(np.int64).min, np.iinfo(np.int64).max]
+    want = [int(np.searchsorted(pool[start[r] : start[r + 1]], v, side="left")) for r, v in zip(q_run, q)]
+    assert kernels().run_counts(pool, start, q_run, q).tolist() == want

@@ -444,6 +444,23 @@ def test_parallel_prefetched_join_matches_oracle(lake):
     assert one.to_pylist() == oracle(stored, keys, befores, cols, 20, dt.timedelta(hours=20))
 
 
+@pytest.mark.parametrize("threads", [1, 4])
+def test_cuts_counted_in_the_pool_threads_match_oracle(lake, threads):
+    """Fixed-codec lookups in many small parts (every part's rows cut by the thread that decoded its times):
+    ``before``, ``max_len`` and windows, with and without the time column, against the oracle."""
+    st = make_events(lake)
+    st.append(events_with_ties(40, 200, seed=31))
+    st.build(chunk_events=8, column_groups=[["item_id", "event_type"], ["dwell", "tags"]])
+    stored = st.read()
+    store = st.open_store()
+    keys, befores = random_rows(np.random.default_rng(13), 300, 40)
+    arr, before = pa.array(keys, pa.int64()), pa.array(befores, pa.timestamp("us"))
+    for cols in (["item_id", "event_type"], ["event_type", "ts"]):
+        for max_len, window in [(None, None), (5, None), (None, dt.timedelta(hours=7)), (12, dt.timedelta(hours=30))]:
+            got = store.lookup(arr, before, cols, max_len, window, threads=threads, batch_keys=3)
+            assert got.to_pylist() == oracle(stored, keys, befores, cols, max_len, window), (cols, max_len, window)
+
+
 def test_decoded_bytes_follow_projection_and_max_len(lake):
     """A lookup decodes only the projected columns of the chunks max_len needs, and times only where rows are cut."""
     st = make_events(lake)

@@ -34,7 +34,8 @@ def assemble(store: "SequenceStore", columns: list[str], fetched: dict[int, Any]
     user's consecutive chunks). Fixed-codec columns are copied by
     :mod:`featurelake.sequences.kernels` (narrowed pools widened in the
     copy); dictionary codes are written straight as string offsets and
-    bytes (one pass to size each piece's bytes, one to write them). With
+    bytes (one pass to size each piece's bytes, one to write them; strings
+    of at most 8 bytes in a single piece: one pass). With
     ``threads`` > 1 and enough events, row ranges are copied in pieces
     side by side (the kernels hold no GIL); IPC-codec columns are taken
     by Arrow, per piece.
@@ -61,6 +62,11 @@ def assemble(store: "SequenceStore", columns: list[str], fetched: dict[int, Any]
     src_fixed = lo + delta
     spans = [(r0, r1) for r0, r1 in zip(cuts[:-1], cuts[1:]) if offsets[r1] > offsets[r0]]
     no_flags = np.zeros(0, np.bool_)
+    # strings of at most 8 bytes in one piece: written without sizing them first (strings8_unsized), into 8 bytes
+    # an event (int32 offsets: while those stay below 2**31)
+    unsized = {col for col in columns if fixed[col] and col in store.codecs[store.group_of[col]].dictionaries
+               and len(spans) == 1 and dictionary_bytes(store, col)[1].shape[1] == 1
+               and (pa.types.is_large_string(store._field(col).type) or 8 * total < 1 << 31)}
 
     def piece(r: tuple[int, int]) -> dict[str, Any]:
         """Round one of a piece of rows: fixed columns copied, strings sized, IPC columns taken."""
@@ -76,11 +82,12 @@ def assemble(store: "SequenceStore", columns: list[str], fetched: dict[int, Any]
                 ov, oo = out[col]
                 if ok is not None:
                     k.gather(ok, starts, lens, oo[a:b])
-                if col in store.codecs[g].dictionaries:
+                if col in unsized:
+                    pass  # sized as written, in round two
+                elif col in store.codecs[g].dictionaries:
                     nbytes = k.string_bytes(vals, no_flags if ok is None else ok, starts, lens, dictionary_bytes(store, col)[0])
                     if nbytes < 0:
-                        raise CorruptFileError(f"a chunk of {col} holds a code outside the build's dictionary "
-                                               f"(build {store.info.build_id})", store.info.db_dir)
+                        _bad_code(store, col)
                     got[col] = nbytes
                 else:
                     k.gather(vals, starts, lens, ov[a:b])
@@ -97,6 +104,8 @@ def assemble(store: "SequenceStore", columns: list[str], fetched: dict[int, Any]
     strings = [col for col in columns if fixed[col] and col in store.codecs[store.group_of[col]].dictionaries]
     data: dict[str, tuple[np.ndarray, list[int]]] = {}
     for col in strings:
+        if col in unsized:
+            continue
         sizes = [p[col] for p in parts]
         bases = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         if pa.types.is_string(store._field(col).type) and bases[-1] >= 1 << 31:
@@ -111,6 +120,16 @@ def assemble(store: "SequenceStore", columns: list[str], fetched: dict[int, Any]
         for col in strings:
             vals, ok = src[col]
             lens, words = dictionary_bytes(store, col)
+            if col in unsized:
+                buf = np.empty(8 * (b - a), np.uint8)
+                end = k.strings8_unsized(vals, no_flags if ok is None else ok, src_fixed[r0:r1], lengths[r0:r1], lens,
+                                         words, 0, out[col][0][a:b], buf)
+                if end < 0:
+                    _bad_code(store, col)
+                out[col][0][total] = end
+                # (the bytes past the end stay allocated with the column unless they are most of the buffer)
+                data[col] = (buf[:end] if 2 * end >= len(buf) else buf[:end].copy(), [0, end])
+                continue
             buf, bases = data[col]
             fn = k.strings8 if words.shape[1] == 1 else k.strings  # strings of up to 8 bytes: one store each
             fn(vals, no_flags if ok is None else ok, src_fixed[r0:r1], lengths[r0:r1], lens, words, bases[i],
@@ -132,6 +151,11 @@ def assemble(store: "SequenceStore", columns: list[str], fetched: dict[int, Any]
             got = [p[col] for p in parts if col in p]
             arrays.append(got[0] if len(got) == 1 else pa.concat_arrays(got))
     return arrays
+
+
+def _bad_code(store: "SequenceStore", col: str) -> None:
+    raise CorruptFileError(f"a chunk of {col} holds a code outside the build's dictionary (build {store.info.build_id})",
+                           store.info.db_dir)
 
 
 def dictionary_bytes(store: "SequenceStore", col: str) -> tuple[np.ndarray, np.ndarray]:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from featurelake.errors import CorruptFileError
+from featurelake.sequences.kernels import kernels
 from featurelake.sequences.store import HEAD_FANOUT
 
 if TYPE_CHECKING:
@@ -102,11 +103,17 @@ class Heads:
                 out.append(pages[i] if i in pages else self.top[self.top_start[i] : self.top_start[i + 1]])
         return out
 
-    def chunk_before(self, q_user: np.ndarray, q: np.ndarray) -> np.ndarray:
-        """Per query: the last chunk of user ``q_user[i]`` whose first time is < ``q[i]`` (-1: none)."""
+    def chunk_before(self, q_user: np.ndarray, q: np.ndarray, compiled: bool = False) -> np.ndarray:
+        """Per query: the last chunk of user ``q_user[i]`` whose first time is < ``q[i]`` (-1: none).
+
+        ``compiled``: the top level searched by a compiled kernel (:mod:`featurelake.sequences.kernels`),
+        for callers that use the kernels anyway (numba loaded)."""
         listed = np.diff(self.top_start)
         width = int(listed.max()) if len(listed) else 0
-        if width and len(listed) * width <= MATRIX_CELLS:
+        if compiled:  # a binary search a query (4,096 rows: ~0.05 ms, against ~0.35 ms for the matrix below)
+            j = kernels().run_counts(self.top, self.top_start, q_user.astype(np.int64, copy=False),
+                                     q.astype(np.int64, copy=False))
+        elif width and len(listed) * width <= MATRIX_CELLS:
             # few numpy calls for small batches: the top levels as one padded matrix, counted row-wise
             grid = np.full((len(listed), width), _NO_TIME, np.int64)
             grid[np.repeat(np.arange(len(listed)), listed), np.arange(len(self.top)) - np.repeat(self.top_start[:-1], listed)] = self.top

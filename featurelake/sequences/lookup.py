@@ -125,7 +125,8 @@ class SequenceStore:
 
     def _fetch(self, users: np.ndarray, chunks: np.ndarray, names: dict[int, list[str]], threads: int,
                batch: int, stats: dict, partial: dict[int, tuple[list[str], np.ndarray]] | None = None,
-               scratch: bool = False, narrow: bool = False, compiled: bool = False) -> dict[int, Any]:
+               scratch: bool = False, narrow: bool = False, compiled: bool = False,
+               cuts: dict[str, Any] | None = None) -> dict[int, Any]:
         """Chunks of (user, chunk) pairs for the groups in ``names``, fetched and decoded in parallel.
 
         Per group: fixed codec -> {column: (values, validity)} with
@@ -146,9 +147,16 @@ class SequenceStore:
         values outlive its decoding: their memory is reused, still in cache.
         ``compiled`` (used when every group is fixed-codec): each part is
         decoded by the compiled kernels (:mod:`featurelake.sequences.kernels`),
+        from the fetched bytes objects themselves (no grid joined:
+        :func:`~featurelake.sequences.kernels.in_place`),
         without the GIL, in the pool thread that fetched it, so decoding
         overlaps the other parts' multi-gets; parts whose values need more
         bytes than guessed are decoded again, wider, once all are in.
+        ``cuts`` (compiled only): {"pairs", "bounds", "counts"}: per query,
+        how many of pair ``pairs[i]``'s events (``counts``: each pair's) have
+        a time below ``bounds[i]``, counted by the thread that decoded the
+        pair's times, while they are in its cache, into ``cuts["below"]``
+        (left unset where the time pool is narrowed: the caller counts).
         """
         groups = sorted(names)
         keys = self.codec.chunk_keys(users, chunks, groups)
@@ -219,7 +227,7 @@ class SequenceStore:
                     tables.append(table)
             return tables, nbytes, decoded
 
-        redo: list[tuple[int, str, int, np.ndarray, int]] = []  # (group, column, bytes needed, grid, first pair)
+        redo: list[tuple[int, str, int, Any, int]] = []  # (group, column, bytes needed, grid or InPlace, first pair)
 
         def fetch_compiled(p0: int) -> tuple[list[Any], int, int, list[tuple[int, str, int]]]:
             """One part fetched and decoded by the compiled kernels (no GIL held but for the join and the list).
@@ -233,7 +241,10 @@ class SequenceStore:
             widths = []
             for gi, g in enumerate(groups):
                 cd = self.codecs[g]
-                grid = cd.grid(vals[gi::ng] if ng > 1 else vals)
+                part = vals[gi::ng] if ng > 1 else vals
+                grid = in_place(part, cd.size)  # read where they lie: no copy into a grid
+                if grid is None:
+                    grid = cd.grid(part)
                 nbytes += grid.nbytes
                 got, needs = compiled_decode(cd, grid, names[g], out[g], p0)
                 decoded += got
@@ -245,6 +256,11 @@ class SequenceStore:
                     rows = np.flatnonzero(partial[g][1][p0 : p0 + len(grid)])
                     if len(rows):
                         decoded += compiled_decode(cd, grid, partial[g][0], out[g], p0, rows)[0]
+            if below is not None:  # the cuts of queries on this part's pairs: their times were just decoded
+                a, b = np.searchsorted(q_sorted, (p0, p0 + per_pairs))
+                if b > a:
+                    q = q_order[a:b]
+                    below[q] = kernels().count_below(q_times, cuts["counts"], q_pairs[q], cuts["bounds"][q])
             return [], nbytes, decoded, widths
 
         # Without compiled kernels, pool threads only multi-get (RocksDB runs without the GIL); this thread
@@ -252,8 +268,16 @@ class SequenceStore:
         # GIL between numpy calls, and the multi-gets with them (4 threads on 2 cores ran slower than one:
         # measured). The compiled kernels hold no GIL: the pool threads decode their own parts.
         starts = range(0, npairs, per_pairs)
+        below = None
+        if compiled and cuts is not None and self.time in out.get(0, {}) and out[0][self.time][0].dtype.itemsize == 8:
+            q_pairs = cuts["pairs"]
+            q_order = np.argsort(q_pairs, kind="stable")
+            q_sorted = q_pairs[q_order]
+            q_times = out[0][self.time][0].view(np.int64).reshape(-1, self.chunk_events)
+            below = cuts["below"] = np.empty(len(q_pairs), np.int64)
         if compiled:
             from featurelake.sequences.kernels import decode_into as compiled_decode
+            from featurelake.sequences.kernels import in_place
 
             if threads > 1 and npairs > per_pairs:
                 results = list(lookup_pool(threads).map(fetch_compiled, starts))
@@ -370,9 +394,9 @@ class SequenceStore:
         if br is None:
             c_hi = heads.n_chunks[inv] - 1
         elif w is None:
-            c_hi = heads.chunk_before(inv, br)
+            c_hi = heads.chunk_before(inv, br, compiled)
         else:  # both bounds in one search: one round trip for the head pages they need
-            both = heads.chunk_before(np.concatenate([inv, inv]), np.concatenate([br, br - w]))
+            both = heads.chunk_before(np.concatenate([inv, inv]), np.concatenate([br, br - w]), compiled)
             c_hi, c_win = both[: len(inv)], both[len(inv) :]
         c_lo = np.zeros(len(rows), np.int64)
         if max_len is not None:
@@ -417,23 +441,34 @@ class SequenceStore:
                     partial = {0: ([self.time], cut_pairs)}
                 else:
                     names[0].append(self.time)
+        cuts = None
+        if need_time and compiled:  # each row's cut(s), counted by the pool thread that decodes the pair's times
+            bn = br[need]
+            has_win = win_rows is not None and len(win_rows)
+            cuts = {"pairs": np.concatenate([p_hi, p_lo[win_rows]]) if has_win else p_hi,
+                    "bounds": np.concatenate([bn, bn[win_rows] - w]) if has_win else bn, "counts": counts}
         fetched = self._fetch(users[pair_user], pair_chunk, names, threads, batch_keys, stats, partial, scratch, narrow,
-                              compiled)
+                              compiled, cuts)
 
         s = pool_off[p_lo]
         e = pool_off[p_hi + 1]
         h = e
+        counted = cuts.get("below") if cuts is not None else None
         if need_time:
-            times = self._pair_times(fetched[0], counts, pool_off)
             bn = br[need]
-            below = kernels().count_below if compiled else count_below  # (compiled: 4096 rows in ~0.1 ms, not 2)
-            h = pool_off[p_hi] + below(times, counts, p_hi, bn)
+            if counted is not None:
+                h = pool_off[p_hi] + counted[: len(p_hi)]
+            else:
+                times = self._pair_times(fetched[0], counts, pool_off)
+                below = kernels().count_below if compiled else count_below  # (compiled: 4096 rows in ~0.1 ms, not 2)
+                h = pool_off[p_hi] + below(times, counts, p_hi, bn)
         low = s.copy()
         if max_len is not None:
             low = np.maximum(low, h - int(max_len))
         if win_rows is not None and len(win_rows):
             q = p_lo[win_rows]
-            low[win_rows] = np.maximum(low[win_rows], pool_off[q] + below(times, counts, q, bn[win_rows] - w))
+            got = counted[len(p_hi) :] if counted is not None else below(times, counts, q, bn[win_rows] - w)
+            low[win_rows] = np.maximum(low[win_rows], pool_off[q] + got)
         lo[need] = np.minimum(low, h)
         hi[need] = h
         # fixed-codec slots: a row's pairs are whole chunks except maybe the last, so one offset maps them
