@@ -41,7 +41,7 @@ How:
   reads decode cheaply; a unit that fits one chunk, typically one row group,
   is read in one call, faster than streaming it); a window is
   permuted with one gather (no per-batch ``take``, no per-row Python) of its
-  decoded slices as they are (a chunked table: no concatenation first) and
+  decoded slices (a chunked table; Arrow's take concatenates it first) and
   batches are zero-copy slices of it (see ``featurelake.shuffle``). That
   gather is the cost a shuffle cannot avoid: unshuffled batches are slices of
   decoded files, shuffled ones must move every row once (``benchmarks/training.py``
@@ -373,7 +373,7 @@ class TrainingReader:
                 return _done(job.finish())
             return reader.submit(job.finish, v, PERMUTE)
 
-        def window(w: int) -> tuple[pa.RecordBatch | None, np.ndarray]:
+        def window(w: int) -> tuple[pa.RecordBatch | None, np.ndarray | None]:
             if pool is None:
                 return reader.read(plan[w], w)
             for v in range(w, min(len(plan), w + 1 + self.prefetch)):
@@ -386,25 +386,33 @@ class TrainingReader:
                 if limit is not None and self.batches_emitted >= limit:
                     break
                 rows, ranks = window(w)
+                base = 0  # with ranks None (nothing dropped), row k of rows has rank base + k
                 if rows is not None and w == start_window and start_offset:
-                    cut = int(np.searchsorted(ranks, start_offset))  # ranks increase: keep the rest
-                    rows, ranks = rows.slice(cut), ranks[cut:]
+                    if ranks is None:
+                        base = cut = min(start_offset, rows.num_rows)
+                    else:
+                        cut = int(np.searchsorted(ranks, start_offset))  # ranks increase: keep the rest
+                        ranks = ranks[cut:]
+                    rows = rows.slice(cut)
                 if rows is None or not rows.num_rows:
                     continue
                 i, n = 0, rows.num_rows
+                last = base + n - 1 if ranks is None else int(ranks[-1])
                 if rest_rows:
                     need = size - rest_rows
                     if n < need:
                         rest.append(rows)
-                        rest_rows, rest_end = rest_rows + n, (w, int(ranks[-1]))
+                        rest_rows, rest_end = rest_rows + n, (w, last)
                         continue
-                    yield self._emit(pa.concat_batches(rest + [rows.slice(0, need)]), w, ranks[need - 1])
+                    rank = base + need - 1 if ranks is None else ranks[need - 1]
+                    yield self._emit(pa.concat_batches(rest + [rows.slice(0, need)]), w, rank)
                     rest, rest_rows, i = [], 0, need
                 while n - i >= size and (limit is None or self.batches_emitted < limit):
-                    yield self._emit(rows.slice(i, size), w, ranks[i + size - 1])
+                    rank = base + i + size - 1 if ranks is None else ranks[i + size - 1]
+                    yield self._emit(rows.slice(i, size), w, rank)
                     i += size
                 if i < n:
-                    rest, rest_rows, rest_end = [rows.slice(i)], n - i, (w, int(ranks[-1]))
+                    rest, rest_rows, rest_end = [rows.slice(i)], n - i, (w, last)
             if rest_rows and not self.drop_last and limit is None:
                 yield self._emit(pa.concat_batches(rest) if len(rest) > 1 else rest[0], *rest_end)
             self._finished = True
