@@ -23,6 +23,7 @@ file under a table location it cannot resolve is kept.
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -419,7 +420,10 @@ def purge_files(lake: "Lake", name: str, ice: IcebergTable) -> int:
     for other in lake.tables():
         try:
             other_ice = lake.catalog.load_table(other)
-        except Exception:  # noqa: BLE001 - cannot tell what it owns: keep everything
+        except Exception as e:  # noqa: BLE001 - cannot tell what it owns: keep everything
+            warnings.warn(f"drop_table({name!r}, purge=True) kept the table's files: table {other!r} could not be "
+                          f"loaded to tell which files it owns ({type(e).__name__}: {e}); collect_garbage removes the "
+                          "dropped table's folder after the grace period", stacklevel=3)
             return 0
         others.append(storage_of(other_ice.io).canonical(other_ice.location()))
     if any(is_under(location, loc) for loc in others):

@@ -123,6 +123,22 @@ def test_drop_table_purge_deletes_its_files_and_keeps_the_others(gc_lake):
     assert lake.table("ns.keep").read().num_rows == 1
 
 
+def test_drop_table_purge_keeps_the_files_and_says_why_when_another_table_cannot_be_loaded(tmp_path):
+    lake = Lake(tmp_path / "lake")
+    other = lake.create_table("ns.other", SCHEMA, primary_key="id")
+    other.append(_rows([1], [1.0]))
+    t = lake.create_table("ns.gone", SCHEMA, primary_key="id")
+    t.append(_rows([1, 2], [1.0, 2.0]))
+    gone = Path(_plain(t.iceberg.location()))
+    files_before = _walk(gone)
+    Path(_plain(other.iceberg.metadata_location)).unlink()  # ns.other's current metadata is gone: it cannot load
+    lake = Lake(tmp_path / "lake")  # a new process's view: nothing of ns.other cached
+    with pytest.warns(UserWarning, match=r"kept the table's files: table 'ns.other' could not be loaded"):
+        assert lake.drop_table("ns.gone", purge=True) == 0
+    assert not lake.table_exists("ns.gone")
+    assert _walk(gone) == files_before and any(f.endswith(".parquet") for f in files_before)
+
+
 def test_gc_collects_dropped_and_crash_orphaned_table_folders_after_the_grace_period(tmp_path):
     """Uncollected leftovers: a table dropped with purge=False and a metadata.json a crash
     left before the catalog insert are collected once old; young ones are kept."""
