@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from featurelake.sequences import as_list, listview
+from featurelake.sequences import as_list, historycache, listview
 from featurelake.sequences.join import pipelined
 from featurelake.sequences.search import chunk_pairs as _pairs, count_below as _count_below
 from featurelake.sequences.timegrid import TimeGrid
@@ -261,7 +261,7 @@ def _events(key_of, users: int, seed: int) -> pa.Table:
 @pytest.mark.parametrize("keys,copy", [("dense", "block"), ("sparse", "block"), ("string", "block"), ("dense", "gather")])
 def test_cached_join_matches_the_oracle(lake, keys, copy, monkeypatch):
     if copy == "gather":  # histories copied event by event into the arena, never as whole pools
-        monkeypatch.setattr(listview, "BLOCK_SLACK", -1e12)
+        monkeypatch.setattr(historycache, "BLOCK_SLACK", -1e12)
     key_of = {"dense": lambda i: i, "sparse": lambda i: i * 1_000_003 - 5 * 10**8, "string": lambda i: f"u{i:04d}"}[keys]
     key_type = pa.string() if keys == "string" else pa.int64()
     schema = pa.schema([pa.field("user_id", key_type, nullable=False), pa.field("ts", pa.timestamp("us"), nullable=False),

@@ -15,7 +15,8 @@ import pyarrow as pa
 
 from featurelake.errors import FeatureLakeError, SchemaMismatchError
 from featurelake.sequences.heads import HeadCache
-from featurelake.sequences.listview import LAYOUTS, HistoryCache, lookup_view, view_type
+from featurelake.sequences.historycache import HistoryCache
+from featurelake.sequences.listview import LAYOUTS, lookup_view, view_type
 from featurelake.sequences.arguments import as_array, window_int
 from featurelake.sequences.lookup import SequenceStore
 

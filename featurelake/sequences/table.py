@@ -45,7 +45,8 @@ from featurelake.sequences.join import (  # noqa: F401  (public here as before)
     join_sequences,
     join_sequences_batches,
 )
-from featurelake.sequences.listview import HistoryCache, as_list, lookup_view
+from featurelake.sequences.historycache import HistoryCache
+from featurelake.sequences.listview import as_list, lookup_view
 from featurelake.sequences.arguments import as_array
 from featurelake.sequences.lookup import DEFAULT_BATCH_KEYS, SequenceStore
 from featurelake.sequences.store import READERS, KeyCodec

@@ -1,6 +1,6 @@
 """Time grids: where a time falls in each of many sorted runs of times, in a fixed number of numpy steps.
 
-Why: the list-view history cache (:class:`featurelake.sequences.listview.HistoryCache`)
+Why: the list-view history cache (:class:`featurelake.sequences.historycache.HistoryCache`)
 answers, for every row of a batch, "the first event of this user at or after
 ``before``" over an arena of millions of events. A binary search costs
 about 5 ns a step and ~20 dependent steps a row (measured: 0.42 ms for a
