@@ -34,6 +34,7 @@ REGISTRY: dict[str, str] = {
     "sequences": "benchmarks.sequences",
     "sequence_storage": "benchmarks.sequence_storage",
     "training": "benchmarks.training",
+    "training_scale": "benchmarks.training_scale",
     "requests": "benchmarks.requests",
     "placement": "benchmarks.placement",
     "ray_scale": "benchmarks.ray_scale",

@@ -113,6 +113,62 @@ def test_worker_batches_travel_as_one_shared_buffer_with_the_same_values(impress
     assert len({v.untyped_storage().data_ptr() for v in packed.values()}) == 1
 
 
+def _host_values(batch: dict) -> dict:
+    return {k: torch.nan_to_num(v.float(), -7.0) for k, v in batch.items() if isinstance(v, torch.Tensor)}
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_to_device_moves_a_worker_batch_in_one_copy_with_the_same_values(impressions, device):
+    from featurelake.torch import _one_storage, to_device
+
+    batch = impressions.read(columns=["sample_id", "click", "f0", "clicked_items"]).slice(0, 300)
+    tensors = to_tensors(batch.combine_chunks().to_batches()[0])
+    tensors["note"] = [str(i) for i in range(300)]  # what a string column becomes
+    for packed in (_one_storage(tensors), tensors):  # a worker's batch (one storage), and one tensor per column
+        moved = to_device(packed, device, pin=device == "cuda")
+        assert moved.keys() == packed.keys() and moved["note"] == packed["note"]  # strings stay lists
+        assert all(v.device.type == device for v in moved.values() if isinstance(v, torch.Tensor))
+        if device == "cuda":
+            torch.cuda.synchronize()
+        got = {k: v.cpu() for k, v in _host_values(moved).items()}
+        want = _host_values(tensors)
+        assert got.keys() == want.keys()
+        for k in want:
+            assert got[k].shape == want[k].shape and torch.equal(got[k], want[k]), k
+    one = to_device(_one_storage(tensors), device)
+    assert len({v.untyped_storage().data_ptr() for v in one.values() if isinstance(v, torch.Tensor)}) == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: runs where a GPU is present")
+def test_dataloader_feeds_a_cuda_model_and_the_loss_falls(impressions):
+    """Workers' batches moved to the GPU with one copy each train a model there; every row arrives once."""
+    from featurelake.torch import to_device
+
+    ds = TrainingDataset(impressions, columns=["sample_id"] + FEATURES + ["click"], batch_size=256, seed=2)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=0.02)
+    losses, seen = [], []
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        for b in loader:
+            g = to_device(b, "cuda", pin=True)
+            x = torch.nan_to_num(torch.stack([g[f] for f in FEATURES], dim=1))
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(model(x).squeeze(1), g["click"].float())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            if epoch == 0:
+                seen += g["sample_id"].cpu().tolist()
+    assert sorted(seen) == sorted(impressions.read(columns=["sample_id"]).column("sample_id").to_pylist())
+    assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:5])
+
+
 def test_stateful_dataloader_resumes_without_repeating_or_skipping(impressions):
     sdl = pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata is not installed")
     expected = sorted(impressions.read(columns=["sample_id"]).column("sample_id").to_pylist())
