@@ -147,8 +147,9 @@ class SequenceStore:
         values outlive its decoding: their memory is reused, still in cache.
         ``compiled`` (used when every group is fixed-codec): each part is
         decoded by the compiled kernels (:mod:`featurelake.sequences.kernels`),
-        from the fetched bytes objects themselves (no grid joined:
-        :func:`~featurelake.sequences.kernels.in_place`),
+        from the fetched bytes objects themselves (no grid joined), in one
+        call a group, its cuts counted in the same call
+        (:class:`~featurelake.sequences.kernels.PartDecoder`),
         without the GIL, in the pool thread that fetched it, so decoding
         overlaps the other parts' multi-gets; parts whose values need more
         bytes than guessed are decoded again, wider, once all are in.
@@ -230,7 +231,8 @@ class SequenceStore:
         redo: list[tuple[int, str, int, Any, int]] = []  # (group, column, bytes needed, grid or InPlace, first pair)
 
         def fetch_compiled(p0: int) -> tuple[list[Any], int, int, list[tuple[int, str, int]]]:
-            """One part fetched and decoded by the compiled kernels (no GIL held but for the join and the list).
+            """One part fetched and decoded by the compiled kernels: one call a group, without the GIL
+            (:class:`~featurelake.sequences.kernels.PartDecoder`), in place or from a joined grid.
 
             A narrowed column whose values here need more bytes is noted, with
             the part's grid, to decode again once every part is in (widening a
@@ -242,26 +244,32 @@ class SequenceStore:
             for gi, g in enumerate(groups):
                 cd = self.codecs[g]
                 part = vals[gi::ng] if ng > 1 else vals
-                grid = in_place(part, cd.size)  # read where they lie: no copy into a grid
-                if grid is None:
+                got = decoders[g].decode(part, p0)  # read where they lie: no copy into a grid
+                if got is None:  # not bytes of the codec's size: joined (which checks the sizes), decoded per column
                     grid = cd.grid(part)
-                nbytes += grid.nbytes
-                got, needs = compiled_decode(cd, grid, names[g], out[g], p0)
-                decoded += got
+                    d, needs = compiled_decode(cd, grid, names[g], out[g], p0)
+                    if g in partial:
+                        rows = np.flatnonzero(partial[g][1][p0 : p0 + len(grid)])
+                        if len(rows):
+                            d += compiled_decode(cd, grid, partial[g][0], out[g], p0, rows)[0]
+                    if g == 0 and below is not None:
+                        count_cuts(p0)
+                else:
+                    d, needs, grid = got
+                nbytes += len(part) * cd.size
+                decoded += d
                 for col, k in needs.items():
                     widths.append((g, col, k))
                     if k > out[g][col][0].itemsize:
                         redo.append((g, col, k, grid, p0))  # (list.append: atomic)
-                if g in partial:
-                    rows = np.flatnonzero(partial[g][1][p0 : p0 + len(grid)])
-                    if len(rows):
-                        decoded += compiled_decode(cd, grid, partial[g][0], out[g], p0, rows)[0]
-            if below is not None:  # the cuts of queries on this part's pairs: their times were just decoded
-                a, b = np.searchsorted(q_sorted, (p0, p0 + per_pairs))
-                if b > a:
-                    q = q_order[a:b]
-                    below[q] = kernels().count_below(q_times, cuts["counts"], q_pairs[q], cuts["bounds"][q])
             return [], nbytes, decoded, widths
+
+        def count_cuts(p0: int) -> None:
+            """The cuts of queries on this part's pairs (their times just decoded), for parts joined into a grid."""
+            a, b = np.searchsorted(q_sorted, (p0, p0 + per_pairs))
+            if b > a:
+                q = q_order[a:b]
+                below[q] = kernels().count_below(q_times, cuts["counts"], q_pairs[q], cuts["bounds"][q])
 
         # Without compiled kernels, pool threads only multi-get (RocksDB runs without the GIL); this thread
         # decodes each part as it arrives, in order. Decoding in the pool threads too made them queue for the
@@ -276,9 +284,14 @@ class SequenceStore:
             q_times = out[0][self.time][0].view(np.int64).reshape(-1, self.chunk_events)
             below = cuts["below"] = np.empty(len(q_pairs), np.int64)
         if compiled:
+            from featurelake.sequences.kernels import PartDecoder
             from featurelake.sequences.kernels import decode_into as compiled_decode
-            from featurelake.sequences.kernels import in_place
 
+            queries = None
+            if below is not None:
+                queries = (q_times, cuts["counts"], q_pairs, q_order, q_sorted, cuts["bounds"], below)
+            decoders = {g: PartDecoder(self.codecs[g], names[g], partial.get(g), out[g], queries if g == 0 else None)
+                        for g in groups}
             if threads > 1 and npairs > per_pairs:
                 results = list(lookup_pool(threads).map(fetch_compiled, starts))
             else:
