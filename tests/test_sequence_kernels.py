@@ -302,9 +302,11 @@ def _part_case(lengths, seed, dtypes):
 
 @pytest.mark.parametrize("lengths", [[1], [C, C, 3], [5, C, 1, 7, C, C, 2]])
 @pytest.mark.parametrize("narrow", [False, True])
-def test_a_part_decoded_in_one_call_matches_the_numpy_decode_and_counts_its_cuts(lengths, narrow):
-    """PartDecoder: columns for every value, the time column for the masked values only, and each query's count of
-    times below its bound, against FixedCodec.decode_into (NumPy) and a per-query count of the decoded times."""
+@pytest.mark.parametrize("cut_only", [False, True])
+def test_a_part_decoded_in_one_call_matches_the_numpy_decode_and_counts_its_cuts(lengths, narrow, cut_only):
+    """PartDecoder: columns for every value, the time column for the masked values only (or, ``cut_only``, not
+    written at all), each query's count of times below its bound and the validity flags set, against
+    FixedCodec.decode_into (NumPy) and a per-query count of the decoded times."""
     from featurelake.sequences.kernels import PartDecoder
 
     dtypes = {"item": np.dtype(np.uint16), "d": np.dtype(np.uint8), "kind": np.dtype(np.uint8)} if narrow else {}
@@ -329,17 +331,21 @@ def test_a_part_decoded_in_one_call_matches_the_numpy_decode_and_counts_its_cuts
     bounds[:2] = [np.iinfo(np.int64).min, np.iinfo(np.int64).max]
     order = np.argsort(q_pairs, kind="stable")
     below = np.full(len(q_pairs), -7, np.int64)
-    dec = PartDecoder(codec, full, (["t"], mask), got, (times, counts, q_pairs, order, q_pairs[order], bounds, below))
-    d, needs, at = dec.decode(values, first)
+    dec = PartDecoder(codec, full, (["t"], mask), got, (times, counts, q_pairs, order, q_pairs[order], bounds, below),
+                      "t" if cut_only else None)
+    d, needs, at, nset = dec.decode(values, first)
     assert d == decoded and isinstance(at, InPlace) and at.nbytes == grid.nbytes
     assert needs == {n: codec.planes_used(grid, n) for n in ["item", "b", "c", "d", "flag", "kind"]}
+    assert nset == {n: int(np.count_nonzero(want[n][1][first * C:(first + len(values)) * C]))
+                    for n in full if want[n][1] is not None}
+    written = np.zeros_like(mask) if cut_only else mask
     for name in NAMES:
-        keep = slice(None) if name != "t" else np.repeat(mask, C)  # unmasked time rows: not written
+        keep = slice(None) if name != "t" else np.repeat(written, C)  # unmasked time rows: not written
         np.testing.assert_array_equal(got[name][0].view(np.uint8).reshape(-1, got[name][0].itemsize)[keep],
                                       want[name][0].view(np.uint8).reshape(-1, want[name][0].itemsize)[keep], err_msg=name)
         if want[name][1] is not None:
             np.testing.assert_array_equal(got[name][1][keep], want[name][1][keep], err_msg=name)
-    assert (got["t"][0].view(np.uint8).reshape(-1, 8)[~np.repeat(mask, C)] == 0x3C).all()
+    assert (got["t"][0].view(np.uint8).reshape(-1, 8)[~np.repeat(written, C)] == 0x3C).all()
     oracle = [int(np.sum(t_events[p, : counts[p]] < b)) for p, b in zip(q_pairs, bounds)]
     assert below[:-1].tolist() == oracle[:-1] and below[-1] == -7
 

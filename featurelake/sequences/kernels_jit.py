@@ -333,7 +333,7 @@ def _planes_rows(addrs, size, mask, first, n, off, w, k, c, delta, dst, acc):  #
 
 
 @jit
-def decode_part(ids, type_id, size, type_at, size_at, data_at, addrs, spec, mask, first, c, seen, high,
+def decode_part(ids, type_id, size, type_at, size_at, data_at, addrs, spec, mask, first, c, seen, high, nvalid,
                 times, counts, q_pairs, q_order, q_sorted, bounds, below):  # pragma: no cover - compiled
     """One multi-get part of fixed-codec values decoded in one call: every column, the partial ones, the part's cuts.
 
@@ -343,29 +343,37 @@ def decode_part(ids, type_id, size, type_at, size_at, data_at, addrs, spec, mask
     the in-place check, planes and flags per column, the partial rows, the
     cuts). ``ids``: the part's value objects (CPython ``id``), each checked
     to be of type ``type_id`` and ``size`` long (header offsets ``type_at``,
-    ``size_at``, ``data_at``: checked by the caller; False: not all are,
+    ``size_at``, ``data_at``: checked by the caller; -1: not all are,
     nothing decoded), their data addresses into ``addrs``. ``spec``: a row per
     column (int64): byte offset, stored width, delta-coded, validity offset
-    (-1: none), output address, validity output address, partial (decode
-    only the values ``mask[first + i]`` selects), output item size; each
-    output is a (pairs, ``c``) array whose rows ``first ..`` this part
-    fills (the caller keeps them alive). ``seen``/``high`` per column: as
-    :func:`planes` returns. Then, per query ``q_order[t]`` whose pair
-    ``q_sorted[t]`` is in this part, ``below`` = how many of the pair's
-    ``counts`` times (``times``: the decoded (pairs, c) time pool) are below
-    its bound (none when ``q_sorted`` is empty).
+    (-1: none), output address, validity output address, mode, output item
+    size; each output is a (pairs, ``c``) array whose rows ``first ..`` this
+    part fills (the caller keeps them alive). Modes: 0 every value, 1 the
+    values ``mask[first + i]`` selects, 2 none written: the column is the
+    time column of the cuts below, decoded pair by pair into a scratch row
+    (a time pool written only to be searched once was 1 KB a cut pair of
+    memory traffic). ``seen``/``high`` per column: as :func:`planes` returns;
+    ``nvalid``: the validity flags set (padding slots are never set). Then,
+    per query ``q_order[t]`` whose pair ``q_sorted[t]`` is in this part,
+    ``below`` = how many of the pair's ``counts`` times are below its bound
+    (``times``: the decoded (pairs, c) time pool, unless a column has mode
+    2); none when ``q_sorted`` is empty. Returns the values mode 1 decoded.
     """
     n = ids.shape[0]
     for i in range(n):
         a = ids[i]
         if _load_i64(a + type_at) != type_id or _load_i64(a + size_at) != size:
-            return False
+            return -1
         addrs[i] = a + data_at
     acc = np.empty(c, np.uint64)
     none = mask[:0]
+    cut_col = -1
     for j in range(spec.shape[0]):
-        off, w, delta, voff, out_at, valid_at, part, k = spec[j]
-        m = mask if part else none
+        off, w, delta, voff, out_at, valid_at, mode, k = spec[j]
+        if mode == 2:
+            cut_col = j
+            continue
+        m = mask if mode == 1 else none
         base = first * c
         nb = n * c * k
         raw = numba.carray(_u8_ptr(out_at + base * k), (nb,))
@@ -381,19 +389,36 @@ def decode_part(ids, type_id, size, type_at, size_at, data_at, addrs, spec, mask
         high[j] = h
         if voff >= 0:
             flags_out = numba.carray(_u8_ptr(valid_at + base), (n, c))
+            set_ = 0
             for i in range(n):
-                if part and not mask[first + i]:
+                if mode == 1 and not mask[first + i]:
                     continue
                 src = numba.carray(_u8_ptr(addrs[i]), (size,))[voff : voff + c]
                 dst = flags_out[i]
                 for t in range(c):
-                    dst[t] = src[t] != 0
+                    f = src[t] != 0
+                    dst[t] = f
+                    set_ += f
+            nvalid[j] = set_
+    masked = 0
+    for i in range(n if mask.shape[0] else 0):
+        masked += mask[first + i] != 0
     nq = q_sorted.shape[0]
     if nq:
         a = bisect_left(q_sorted, 0, nq, first)
         b = bisect_left(q_sorted, a, nq, first + n)
+        row = np.empty(c, np.int64)
+        last = -1
         for t in range(a, b):
             q = q_order[t]
             p = q_pairs[q]
-            below[q] = bisect_left(times[p], 0, counts[p], bounds[q])
-    return True
+            if cut_col < 0:
+                below[q] = bisect_left(times[p], 0, counts[p], bounds[q])
+                continue
+            if p != last:  # the queries of a pair are next to each other (sorted by pair): its times decoded once
+                off, w, delta = spec[cut_col, 0], spec[cut_col, 1], spec[cut_col, 2]
+                _plane_row(numba.carray(_u8_ptr(addrs[p - first]), (size,)), off, w, w, c, delta, row.view(np.uint64),
+                           acc)
+                last = p
+            below[q] = bisect_left(row, 0, counts[p], bounds[q])
+    return masked

@@ -126,7 +126,8 @@ class SequenceStore:
     def _fetch(self, users: np.ndarray, chunks: np.ndarray, names: dict[int, list[str]], threads: int,
                batch: int, stats: dict, partial: dict[int, tuple[list[str], np.ndarray]] | None = None,
                scratch: bool = False, narrow: bool = False, compiled: bool = False,
-               cuts: dict[str, Any] | None = None) -> dict[int, Any]:
+               cuts: dict[str, Any] | None = None, flags_set: dict[tuple[int, str], int] | None = None
+               ) -> dict[int, Any]:
         """Chunks of (user, chunk) pairs for the groups in ``names``, fetched and decoded in parallel.
 
         Per group: fixed codec -> {column: (values, validity)} with
@@ -157,7 +158,12 @@ class SequenceStore:
         how many of pair ``pairs[i]``'s events (``counts``: each pair's) have
         a time below ``bounds[i]``, counted by the thread that decoded the
         pair's times, while they are in its cache, into ``cuts["below"]``
-        (left unset where the time pool is narrowed: the caller counts).
+        (left unset where the time pool is narrowed: the caller counts); a
+        time column fetched only for them is searched where it lies, its
+        pool left unwritten. ``flags_set`` (compiled only): filled with
+        {(group, column): validity flags set} when every part was decoded in
+        place (padding slots are never set: equal to the pairs' events means
+        no nulls).
         """
         groups = sorted(names)
         keys = self.codec.chunk_keys(users, chunks, groups)
@@ -241,11 +247,13 @@ class SequenceStore:
             vals = get(p0)
             nbytes = decoded = 0
             widths = []
+            flags: list[dict | None] = []
             for gi, g in enumerate(groups):
                 cd = self.codecs[g]
                 part = vals[gi::ng] if ng > 1 else vals
                 got = decoders[g].decode(part, p0)  # read where they lie: no copy into a grid
-                if got is None:  # not bytes of the codec's size: joined (which checks the sizes), decoded per column
+                if got is None:
+                    flags.append(None)  # not bytes of the codec's size: joined (which checks the sizes), decoded per column
                     grid = cd.grid(part)
                     d, needs = compiled_decode(cd, grid, names[g], out[g], p0)
                     if g in partial:
@@ -255,14 +263,15 @@ class SequenceStore:
                     if g == 0 and below is not None:
                         count_cuts(p0)
                 else:
-                    d, needs, grid = got
+                    d, needs, grid, nset = got
+                    flags.append({(g, col): k for col, k in nset.items()})
                 nbytes += len(part) * cd.size
                 decoded += d
                 for col, k in needs.items():
                     widths.append((g, col, k))
                     if k > out[g][col][0].itemsize:
                         redo.append((g, col, k, grid, p0))  # (list.append: atomic)
-            return [], nbytes, decoded, widths
+            return [], nbytes, decoded, widths, flags
 
         def count_cuts(p0: int) -> None:
             """The cuts of queries on this part's pairs (their times just decoded), for parts joined into a grid."""
@@ -290,8 +299,8 @@ class SequenceStore:
             queries = None
             if below is not None:
                 queries = (q_times, cuts["counts"], q_pairs, q_order, q_sorted, cuts["bounds"], below)
-            decoders = {g: PartDecoder(self.codecs[g], names[g], partial.get(g), out[g], queries if g == 0 else None)
-                        for g in groups}
+            decoders = {g: PartDecoder(self.codecs[g], names[g], partial.get(g), out[g], queries if g == 0 else None,
+                                       self.time if g == 0 and self.time not in names[g] else None) for g in groups}
             if threads > 1 and npairs > per_pairs:
                 results = list(lookup_pool(threads).map(fetch_compiled, starts))
             else:
@@ -306,6 +315,11 @@ class SequenceStore:
                 widen(g, col, k, len(out[g][col][0]))
             for g, col, _, grid, p0 in redo:
                 compiled_decode(self.codecs[g], grid, [col], out[g], p0)
+            parts_flags = [f for r in results for f in r[4]]
+            if flags_set is not None and None not in parts_flags:
+                for f in parts_flags:
+                    for key, k in f.items():
+                        flags_set[key] = flags_set.get(key, 0) + k
         elif threads > 1 and npairs > per_pairs:
             pool = lookup_pool(threads)
             futures = [pool.submit(get, p0) for p0 in starts]
@@ -460,8 +474,12 @@ class SequenceStore:
             has_win = win_rows is not None and len(win_rows)
             cuts = {"pairs": np.concatenate([p_hi, p_lo[win_rows]]) if has_win else p_hi,
                     "bounds": np.concatenate([bn, bn[win_rows] - w]) if has_win else bn, "counts": counts}
+        flags_set: dict[tuple[int, str], int] = {}
         fetched = self._fetch(users[pair_user], pair_chunk, names, threads, batch_keys, stats, partial, scratch, narrow,
-                              compiled, cuts)
+                              compiled, cuts, flags_set)
+        for (g, col), k in flags_set.items():  # every event valid: no validity to copy out (or to count again)
+            if k == pool_off[-1]:
+                fetched[g][col] = (fetched[g][col][0], None)
 
         s = pool_off[p_lo]
         e = pool_off[p_hi + 1]
