@@ -285,3 +285,79 @@ def test_run_counts_match_a_search_of_each_run():
     q[:2] = [np.iinfo(np.int64).min, np.iinfo(np.int64).max]
     want = [int(np.searchsorted(pool[start[r] : start[r + 1]], v, side="left")) for r, v in zip(q_run, q)]
     assert kernels().run_counts(pool, start, q_run, q).tolist() == want
+
+
+def _part_case(lengths, seed, dtypes):
+    """Chunks, their pools decoded by the codec's NumPy decode (the oracle) and an untouched copy to decode into."""
+    codec, values, _ = _chunks(lengths, seed=seed)
+    values = [bytes(bytearray(v)) for v in values]
+    pools = [codec.alloc(NAMES, len(values) + 2, dtypes=dtypes) for _ in range(2)]
+    for pool in pools:
+        for vals, ok in pool.values():
+            vals.view(np.uint8)[...] = 0x3C
+            if ok is not None:
+                ok[...] = True
+    return codec, values, pools
+
+
+@pytest.mark.parametrize("lengths", [[1], [C, C, 3], [5, C, 1, 7, C, C, 2]])
+@pytest.mark.parametrize("narrow", [False, True])
+@pytest.mark.parametrize("cut_only", [False, True])
+def test_a_part_decoded_in_one_call_matches_the_numpy_decode_and_counts_its_cuts(lengths, narrow, cut_only):
+    """PartDecoder: columns for every value, the time column for the masked values only (or, ``cut_only``, not
+    written at all), each query's count of times below its bound and the validity flags set, against
+    FixedCodec.decode_into (NumPy) and a per-query count of the decoded times."""
+    from featurelake.sequences.kernels import PartDecoder
+
+    dtypes = {"item": np.dtype(np.uint16), "d": np.dtype(np.uint8), "kind": np.dtype(np.uint8)} if narrow else {}
+    codec, values, (want, got) = _part_case(lengths, 20 + len(lengths), dtypes)
+    full = [n for n in NAMES if n != "t"]
+    rng = np.random.default_rng(len(lengths))
+    first = 1  # the part fills pool rows 1 .. len(values): rows 0 and the last stay untouched
+    mask = np.zeros(len(values) + 2, bool)
+    mask[first:first + len(values)] = rng.random(len(values)) < 0.6
+    mask[first + len(values) - 1] = True
+    grid = codec.grid(values)
+    decoded = codec.decode_into(grid, full, want, first)
+    rows = np.flatnonzero(mask[first:first + len(values)])
+    decoded += codec.decode_into(grid, ["t"], want, first, rows)
+    # queries on the part's pairs (and one outside it, left alone), in pair order as the lookup sorts them
+    counts = np.zeros(len(values) + 2, np.int64)
+    counts[first:first + len(values)] = lengths
+    q_pairs = np.concatenate([first + rows[rng.integers(0, len(rows), 30)], [0]]).astype(np.int64)
+    times = got["t"][0].view(np.int64).reshape(-1, C)
+    t_events = want["t"][0].view(np.int64).reshape(-1, C)
+    bounds = np.array([int(t_events[p, rng.integers(0, max(counts[p], 1))]) + int(rng.integers(-1, 2)) for p in q_pairs])
+    bounds[:2] = [np.iinfo(np.int64).min, np.iinfo(np.int64).max]
+    order = np.argsort(q_pairs, kind="stable")
+    below = np.full(len(q_pairs), -7, np.int64)
+    dec = PartDecoder(codec, full, (["t"], mask), got, (times, counts, q_pairs, order, q_pairs[order], bounds, below),
+                      "t" if cut_only else None)
+    d, needs, at, nset = dec.decode(values, first)
+    assert d == decoded and isinstance(at, InPlace) and at.nbytes == grid.nbytes
+    assert needs == {n: codec.planes_used(grid, n) for n in ["item", "b", "c", "d", "flag", "kind"]}
+    assert nset == {n: int(np.count_nonzero(want[n][1][first * C:(first + len(values)) * C]))
+                    for n in full if want[n][1] is not None}
+    written = np.zeros_like(mask) if cut_only else mask
+    for name in NAMES:
+        keep = slice(None) if name != "t" else np.repeat(written, C)  # unmasked time rows: not written
+        np.testing.assert_array_equal(got[name][0].view(np.uint8).reshape(-1, got[name][0].itemsize)[keep],
+                                      want[name][0].view(np.uint8).reshape(-1, want[name][0].itemsize)[keep], err_msg=name)
+        if want[name][1] is not None:
+            np.testing.assert_array_equal(got[name][1][keep], want[name][1][keep], err_msg=name)
+    assert (got["t"][0].view(np.uint8).reshape(-1, 8)[~np.repeat(written, C)] == 0x3C).all()
+    oracle = [int(np.sum(t_events[p, : counts[p]] < b)) for p, b in zip(q_pairs, bounds)]
+    assert below[:-1].tolist() == oracle[:-1] and below[-1] == -7
+
+
+def test_a_part_not_all_bytes_of_the_codecs_size_is_left_to_the_grid():
+    from featurelake.sequences.kernels import PartDecoder
+
+    codec, values, (_, got) = _part_case([C, 3], 5, {})
+    before = {n: got[n][0].copy() for n in NAMES}
+    dec = PartDecoder(codec, NAMES, None, got)
+    for bad in ([values[0], bytearray(values[1])], [values[0], values[1][:-1]], [values[0], None], []):
+        assert dec.decode(bad, 0) is None
+    for n in NAMES:  # nothing written
+        np.testing.assert_array_equal(got[n][0], before[n])
+    assert dec.decode(values, 0) is not None

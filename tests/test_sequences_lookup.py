@@ -194,15 +194,15 @@ KINDS = pa.schema([("user", pa.int64()), ("t", pa.int64()), ("v", pa.int32()), (
                    ("w", pa.float64())])
 
 
-def _kinds_table(lake, hist: dict[int, np.ndarray], nulls: bool):
-    """Fixed-codec events (int, dictionary string, float), with or without null values."""
+def _kinds_table(lake, hist: dict[int, np.ndarray], nulls: bool, words=("view", "click", "", "purchase-é")):
+    """Fixed-codec events (int, dictionary string of ``words``, float), with or without null values."""
     st = lake.create_sequence_table("ml.kinds", KINDS, key="user", time="t")
     users = np.concatenate([np.full(len(t), u) for u, t in hist.items()])
     times = np.concatenate(list(hist.values()))
     n = len(users)
     rng = np.random.default_rng(5)
     v = pa.array(rng.integers(-(1 << 30), 1 << 30, n).astype(np.int32), mask=(rng.random(n) < 0.1) if nulls else None)
-    kind = pa.array(rng.choice(["view", "click", "", "purchase-é"], n), mask=(rng.random(n) < 0.1) if nulls else None)
+    kind = pa.array(rng.choice(list(words), n), mask=(rng.random(n) < 0.1) if nulls else None)
     order = rng.permutation(n)
     st.append(pa.table({"user": users[order], "t": times[order], "v": v.take(pa.array(order)),
                         "kind": kind.take(pa.array(order)), "w": rng.random(n)[order]}, schema=KINDS))
@@ -210,16 +210,18 @@ def _kinds_table(lake, hist: dict[int, np.ndarray], nulls: bool):
 
 
 @pytest.mark.parametrize("nulls", [False, True])
-def test_parallel_assembly_and_validity_match_oracle(lake, monkeypatch, nulls):
-    """Row ranges gathered side by side (dictionary strings decoded per range and concatenated), validity
-    gathered only when a fetched event is null, in the list and list-view layouts, at chunk edges."""
+@pytest.mark.parametrize("words", [("view", "click", "", "purchase-é"), ("view", "click", "", "buy-é")])
+def test_parallel_assembly_and_validity_match_oracle(lake, monkeypatch, nulls, words):
+    """Row ranges gathered side by side (dictionary strings decoded per range and concatenated; strings of up to
+    8 bytes and longer ones), validity gathered only when a fetched event is null, in the list and list-view
+    layouts, at chunk edges."""
     from featurelake.sequences import assemble as assemble_module
     from featurelake.sequences.listview import as_list, lookup_view
 
     monkeypatch.setattr(assemble_module, "PARALLEL_EVENTS", 0)  # every lookup takes the side-by-side path
     hist = {1: np.array([50]), 2: np.arange(C) * 10, 3: np.arange(7 * C + 1) * 10, 4: np.arange(3 * C + 2) // 3,
             5: np.arange(40 * C + 3) * 7 + 1000}
-    st = _kinds_table(lake, hist, nulls)
+    st = _kinds_table(lake, hist, nulls, words)
     info = st.build(chunk_events=C)
     assert [c["kind"] for c in info.group_codecs] == ["fixed"] * len(info.group_codecs)
     assert any("kind" in c.get("dictionaries", {}) for c in info.group_codecs)

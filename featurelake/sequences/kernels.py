@@ -64,8 +64,9 @@ class InPlace:
     GIL held (1.1 ms of a 4,096-row batch's lookup, measured, while the pool
     threads' multi-gets wait for the GIL). The compiled kernels read each
     value's bytes in the bytes object itself (:func:`kernels_jit.planes_at`).
-    Built only by :func:`in_place`, which checks, in one compiled pass over
-    the objects' headers, that every value is a ``bytes`` of the codec's size.
+    Built only by :func:`in_place` and :meth:`PartDecoder.decode`, which check,
+    in one compiled pass over the objects' headers, that every value is a
+    ``bytes`` of the codec's size.
     """
 
     __slots__ = ("values", "addrs", "size", "_grid")
@@ -105,15 +106,25 @@ def _bytes_layout() -> tuple[int, int, int] | None:
 
 
 _LAYOUT = _bytes_layout()
+# kernels_jit.decode_part's arguments for no columns, no partial columns, no cuts
+_NO_COLUMNS = np.zeros((0, 8), np.int64)
+_NO_MASK = np.zeros(0, np.uint8)
+_NO_SEEN = np.zeros(0, np.uint64)
+_NO_HIGH = np.zeros(0, np.uint8)
+_NO_VALID = np.zeros(0, np.int64)
+_NO_QUERIES = (np.zeros((0, 1), np.int64), *(np.zeros(0, np.int64) for _ in range(6)))
 
 
 def in_place(values: list[bytes], size: int) -> InPlace | None:
-    """``values`` to decode in place, or None (a value not a ``bytes`` of ``size`` bytes, or not CPython): join them."""
+    """``values`` to decode in place, or None (a value not a ``bytes`` of ``size`` bytes, or not CPython): join them.
+
+    (:class:`PartDecoder` checks and decodes a part in one call; this is its check alone.)"""
     if _LAYOUT is None or not values:
         return None
     ids = np.fromiter(map(id, values), np.int64, len(values))
     addrs = np.empty(len(values), np.int64)
-    if not kernels().bytes_objects(ids, id(bytes), size, *_LAYOUT, addrs):
+    if kernels().decode_part(ids, id(bytes), size, *_LAYOUT, addrs, _NO_COLUMNS, _NO_MASK, 0, 1, _NO_SEEN, _NO_HIGH,
+                             _NO_VALID, *_NO_QUERIES) < 0:
         return None
     return InPlace(values, addrs, size)
 
@@ -158,3 +169,67 @@ def decode_into(codec, grid: "np.ndarray | InPlace", names, out: dict, first: in
                 k.flags(grid, idx, voff, c, valid.reshape(-1, c), first)
             decoded += p * c
     return decoded, needs
+
+
+class PartDecoder:
+    """How one lookup's parts of one fixed-codec group decode in one compiled call each (:meth:`decode`).
+
+    Built once per lookup and group, in the calling thread (the output
+    addresses, the column specs); used from the pool threads, each with its
+    own part. Why: see :func:`kernels_jit.decode_part` (one GIL hand-back a
+    part instead of seven). ``names``: columns decoded for every value;
+    ``partial``: (columns, pair mask), columns decoded only for the pairs the
+    mask selects; ``out``: the group's pools (:meth:`FixedCodec.alloc`),
+    which must not be replaced while parts decode. ``queries``: (times pool
+    as (pairs, c) int64, counts, query pairs, their order by pair, the sorted
+    pairs, bounds, output) for the cuts counted in the part that holds the
+    times, or None. ``cut_only``: a partial column (the time column) needed
+    only for those cuts: searched where it lies, its pool left unwritten.
+    """
+
+    def __init__(self, codec, names, partial, out: dict, queries: tuple | None = None, cut_only: str | None = None
+                 ) -> None:
+        self.codec, self.names, self.out = codec, list(names), out
+        self.partial_names = list(partial[0]) if partial else []
+        self.mask = partial[1].view(np.uint8) if partial else _NO_MASK
+        rows = []
+        for j, name in enumerate(self.names + self.partial_names):
+            off, stored, voff = codec.layout[name]
+            vals, valid = out[name]
+            mode = 0 if j < len(self.names) else 2 if name == cut_only and queries is not None else 1
+            rows.append((off, stored.itemsize, name in codec.delta, -1 if voff is None or valid is None else voff,
+                         vals.ctypes.data, 0 if valid is None else valid.ctypes.data, mode,
+                         min(stored.itemsize, vals.dtype.itemsize)))
+        self.spec = np.array(rows, np.int64).reshape(-1, 8)
+        self.queries = queries or _NO_QUERIES
+        self.narrowable = [(j, name, codec.layout[name][1].itemsize) for j, name in enumerate(self.names)
+                           if codec.layout[name][1].kind in "iu" and name not in codec.delta]
+        self.flagged = [(j, name) for j, name in enumerate(self.names) if self.spec[j, 3] >= 0]
+        self.per_value = sum(codec.c * (self.spec[j, 1] + (self.spec[j, 3] >= 0)) for j in range(len(self.names)))
+        self.per_partial = sum(codec.c * (self.spec[j, 1] + (self.spec[j, 3] >= 0))
+                               for j in range(len(self.names), len(self.spec)))
+
+    def decode(self, values: list[bytes], first: int) -> tuple[int, dict[str, int], "InPlace", dict[str, int]] | None:
+        """Decode ``values`` into pool rows ``first ..``: (stored bytes decoded, per narrowable column the bytes its
+        values need, the values in place, per column of every value the validity flags set), or None when they are
+        not all ``bytes`` of the codec's size (nothing written: the caller joins them into a grid, which checks
+        their sizes)."""
+        if _LAYOUT is None or not values:
+            return None
+        n = len(values)
+        ids = np.fromiter(map(id, values), np.int64, n)
+        addrs = np.empty(n, np.int64)
+        ncol = len(self.spec)
+        seen = np.zeros(ncol, np.uint64)
+        high = np.zeros(ncol, np.uint8)
+        nvalid = np.zeros(ncol, np.int64)
+        masked = kernels().decode_part(ids, id(bytes), self.codec.size, *_LAYOUT, addrs, self.spec, self.mask, first,
+                                       self.codec.c, seen, high, nvalid, *self.queries)
+        if masked < 0:
+            return None
+        grid = InPlace(values, addrs, self.codec.size)
+        needs = {}
+        for j, name, w in self.narrowable:
+            needs[name] = self.codec.planes_used(grid.grid(self.codec), name) if high[j] else needed_bytes(int(seen[j]), w)
+        return (n * self.per_value + masked * self.per_partial, needs, grid,
+                {name: int(nvalid[j]) for j, name in self.flagged})

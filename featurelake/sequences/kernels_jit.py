@@ -148,18 +148,6 @@ def flags_at(addrs, size, rows, off, c, out, first):  # pragma: no cover - compi
 
 
 @jit
-def bytes_objects(ids, type_id, size, type_at, size_at, data_at, addrs):  # pragma: no cover - compiled
-    """Whether every object ``ids[i]`` (a CPython ``id``) is of type ``type_id`` and ``size`` long; their data
-    addresses into ``addrs`` (header offsets ``type_at``, ``size_at``, ``data_at``: checked by the caller)."""
-    for i in range(ids.shape[0]):
-        a = ids[i]
-        if _load_i64(a + type_at) != type_id or _load_i64(a + size_at) != size:
-            return False
-        addrs[i] = a + data_at
-    return True
-
-
-@jit
 def gather(src, starts, lengths, out):  # pragma: no cover - compiled
     """Ranges ``src[starts[r] : starts[r] + lengths[r]]`` back to back into ``out`` (converted to its dtype)."""
     k = 0
@@ -326,3 +314,111 @@ def run_counts(pool, run_start, q_run, q):  # pragma: no cover - compiled
         a = run_start[r]
         out[i] = bisect_left(pool, a, run_start[r + 1], q[i]) - a
     return out
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _planes_rows(addrs, size, mask, first, n, off, w, k, c, delta, dst, acc):  # pragma: no cover - compiled
+    """:func:`planes_at` of a part's values ``0 .. n`` (those ``mask[first + i]`` selects, when ``mask`` is given)
+    into rows ``0 .. n`` of ``dst`` (``k``-byte items); returns (OR of values, OR of the bytes not decoded)."""
+    seen = np.uint64(0)
+    high = np.uint8(0)
+    some = mask.shape[0] > 0
+    for i in range(n):
+        if some and not mask[first + i]:
+            continue
+        s, h = _plane_row(numba.carray(_u8_ptr(addrs[i]), (size,)), off, w, k, c, delta, dst[i], acc)
+        seen |= s
+        high |= h
+    return seen, high
+
+
+@jit
+def decode_part(ids, type_id, size, type_at, size_at, data_at, addrs, spec, mask, first, c, seen, high, nvalid,
+                times, counts, q_pairs, q_order, q_sorted, bounds, below):  # pragma: no cover - compiled
+    """One multi-get part of fixed-codec values decoded in one call: every column, the partial ones, the part's cuts.
+
+    Why one call: each compiled call from a pool thread gives the GIL up and
+    takes it back, and at 4 threads on 2 cores taking it back waited behind
+    the other threads' multi-gets building their values (seven calls a part:
+    the in-place check, planes and flags per column, the partial rows, the
+    cuts). ``ids``: the part's value objects (CPython ``id``), each checked
+    to be of type ``type_id`` and ``size`` long (header offsets ``type_at``,
+    ``size_at``, ``data_at``: checked by the caller; -1: not all are,
+    nothing decoded), their data addresses into ``addrs``. ``spec``: a row per
+    column (int64): byte offset, stored width, delta-coded, validity offset
+    (-1: none), output address, validity output address, mode, output item
+    size; each output is a (pairs, ``c``) array whose rows ``first ..`` this
+    part fills (the caller keeps them alive). Modes: 0 every value, 1 the
+    values ``mask[first + i]`` selects, 2 none written: the column is the
+    time column of the cuts below, decoded pair by pair into a scratch row
+    (a time pool written only to be searched once was 1 KB a cut pair of
+    memory traffic). ``seen``/``high`` per column: as :func:`planes` returns;
+    ``nvalid``: the validity flags set (padding slots are never set). Then,
+    per query ``q_order[t]`` whose pair ``q_sorted[t]`` is in this part,
+    ``below`` = how many of the pair's ``counts`` times are below its bound
+    (``times``: the decoded (pairs, c) time pool, unless a column has mode
+    2); none when ``q_sorted`` is empty. Returns the values mode 1 decoded.
+    """
+    n = ids.shape[0]
+    for i in range(n):
+        a = ids[i]
+        if _load_i64(a + type_at) != type_id or _load_i64(a + size_at) != size:
+            return -1
+        addrs[i] = a + data_at
+    acc = np.empty(c, np.uint64)
+    none = mask[:0]
+    cut_col = -1
+    for j in range(spec.shape[0]):
+        off, w, delta, voff, out_at, valid_at, mode, k = spec[j]
+        if mode == 2:
+            cut_col = j
+            continue
+        m = mask if mode == 1 else none
+        base = first * c
+        nb = n * c * k
+        raw = numba.carray(_u8_ptr(out_at + base * k), (nb,))
+        if k == 1:
+            s, h = _planes_rows(addrs, size, m, first, n, off, w, k, c, delta, raw.reshape((n, c)), acc)
+        elif k == 2:
+            s, h = _planes_rows(addrs, size, m, first, n, off, w, k, c, delta, raw.view(np.uint16).reshape((n, c)), acc)
+        elif k == 4:
+            s, h = _planes_rows(addrs, size, m, first, n, off, w, k, c, delta, raw.view(np.uint32).reshape((n, c)), acc)
+        else:
+            s, h = _planes_rows(addrs, size, m, first, n, off, w, k, c, delta, raw.view(np.uint64).reshape((n, c)), acc)
+        seen[j] = s
+        high[j] = h
+        if voff >= 0:
+            flags_out = numba.carray(_u8_ptr(valid_at + base), (n, c))
+            set_ = 0
+            for i in range(n):
+                if mode == 1 and not mask[first + i]:
+                    continue
+                src = numba.carray(_u8_ptr(addrs[i]), (size,))[voff : voff + c]
+                dst = flags_out[i]
+                for t in range(c):
+                    f = src[t] != 0
+                    dst[t] = f
+                    set_ += f
+            nvalid[j] = set_
+    masked = 0
+    for i in range(n if mask.shape[0] else 0):
+        masked += mask[first + i] != 0
+    nq = q_sorted.shape[0]
+    if nq:
+        a = bisect_left(q_sorted, 0, nq, first)
+        b = bisect_left(q_sorted, a, nq, first + n)
+        row = np.empty(c, np.int64)
+        last = -1
+        for t in range(a, b):
+            q = q_order[t]
+            p = q_pairs[q]
+            if cut_col < 0:
+                below[q] = bisect_left(times[p], 0, counts[p], bounds[q])
+                continue
+            if p != last:  # the queries of a pair are next to each other (sorted by pair): its times decoded once
+                off, w, delta = spec[cut_col, 0], spec[cut_col, 1], spec[cut_col, 2]
+                _plane_row(numba.carray(_u8_ptr(addrs[p - first]), (size,)), off, w, w, c, delta, row.view(np.uint64),
+                           acc)
+                last = p
+            below[q] = bisect_left(row, 0, counts[p], bounds[q])
+    return masked

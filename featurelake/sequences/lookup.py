@@ -126,7 +126,8 @@ class SequenceStore:
     def _fetch(self, users: np.ndarray, chunks: np.ndarray, names: dict[int, list[str]], threads: int,
                batch: int, stats: dict, partial: dict[int, tuple[list[str], np.ndarray]] | None = None,
                scratch: bool = False, narrow: bool = False, compiled: bool = False,
-               cuts: dict[str, Any] | None = None) -> dict[int, Any]:
+               cuts: dict[str, Any] | None = None, flags_set: dict[tuple[int, str], int] | None = None
+               ) -> dict[int, Any]:
         """Chunks of (user, chunk) pairs for the groups in ``names``, fetched and decoded in parallel.
 
         Per group: fixed codec -> {column: (values, validity)} with
@@ -147,8 +148,9 @@ class SequenceStore:
         values outlive its decoding: their memory is reused, still in cache.
         ``compiled`` (used when every group is fixed-codec): each part is
         decoded by the compiled kernels (:mod:`featurelake.sequences.kernels`),
-        from the fetched bytes objects themselves (no grid joined:
-        :func:`~featurelake.sequences.kernels.in_place`),
+        from the fetched bytes objects themselves (no grid joined), in one
+        call a group, its cuts counted in the same call
+        (:class:`~featurelake.sequences.kernels.PartDecoder`),
         without the GIL, in the pool thread that fetched it, so decoding
         overlaps the other parts' multi-gets; parts whose values need more
         bytes than guessed are decoded again, wider, once all are in.
@@ -156,7 +158,12 @@ class SequenceStore:
         how many of pair ``pairs[i]``'s events (``counts``: each pair's) have
         a time below ``bounds[i]``, counted by the thread that decoded the
         pair's times, while they are in its cache, into ``cuts["below"]``
-        (left unset where the time pool is narrowed: the caller counts).
+        (left unset where the time pool is narrowed: the caller counts); a
+        time column fetched only for them is searched where it lies, its
+        pool left unwritten. ``flags_set`` (compiled only): filled with
+        {(group, column): validity flags set} when every part was decoded in
+        place (padding slots are never set: equal to the pairs' events means
+        no nulls).
         """
         groups = sorted(names)
         keys = self.codec.chunk_keys(users, chunks, groups)
@@ -230,7 +237,8 @@ class SequenceStore:
         redo: list[tuple[int, str, int, Any, int]] = []  # (group, column, bytes needed, grid or InPlace, first pair)
 
         def fetch_compiled(p0: int) -> tuple[list[Any], int, int, list[tuple[int, str, int]]]:
-            """One part fetched and decoded by the compiled kernels (no GIL held but for the join and the list).
+            """One part fetched and decoded by the compiled kernels: one call a group, without the GIL
+            (:class:`~featurelake.sequences.kernels.PartDecoder`), in place or from a joined grid.
 
             A narrowed column whose values here need more bytes is noted, with
             the part's grid, to decode again once every part is in (widening a
@@ -239,29 +247,38 @@ class SequenceStore:
             vals = get(p0)
             nbytes = decoded = 0
             widths = []
+            flags: list[dict | None] = []
             for gi, g in enumerate(groups):
                 cd = self.codecs[g]
                 part = vals[gi::ng] if ng > 1 else vals
-                grid = in_place(part, cd.size)  # read where they lie: no copy into a grid
-                if grid is None:
+                got = decoders[g].decode(part, p0)  # read where they lie: no copy into a grid
+                if got is None:
+                    flags.append(None)  # not bytes of the codec's size: joined (which checks the sizes), decoded per column
                     grid = cd.grid(part)
-                nbytes += grid.nbytes
-                got, needs = compiled_decode(cd, grid, names[g], out[g], p0)
-                decoded += got
+                    d, needs = compiled_decode(cd, grid, names[g], out[g], p0)
+                    if g in partial:
+                        rows = np.flatnonzero(partial[g][1][p0 : p0 + len(grid)])
+                        if len(rows):
+                            d += compiled_decode(cd, grid, partial[g][0], out[g], p0, rows)[0]
+                    if g == 0 and below is not None:
+                        count_cuts(p0)
+                else:
+                    d, needs, grid, nset = got
+                    flags.append({(g, col): k for col, k in nset.items()})
+                nbytes += len(part) * cd.size
+                decoded += d
                 for col, k in needs.items():
                     widths.append((g, col, k))
                     if k > out[g][col][0].itemsize:
                         redo.append((g, col, k, grid, p0))  # (list.append: atomic)
-                if g in partial:
-                    rows = np.flatnonzero(partial[g][1][p0 : p0 + len(grid)])
-                    if len(rows):
-                        decoded += compiled_decode(cd, grid, partial[g][0], out[g], p0, rows)[0]
-            if below is not None:  # the cuts of queries on this part's pairs: their times were just decoded
-                a, b = np.searchsorted(q_sorted, (p0, p0 + per_pairs))
-                if b > a:
-                    q = q_order[a:b]
-                    below[q] = kernels().count_below(q_times, cuts["counts"], q_pairs[q], cuts["bounds"][q])
-            return [], nbytes, decoded, widths
+            return [], nbytes, decoded, widths, flags
+
+        def count_cuts(p0: int) -> None:
+            """The cuts of queries on this part's pairs (their times just decoded), for parts joined into a grid."""
+            a, b = np.searchsorted(q_sorted, (p0, p0 + per_pairs))
+            if b > a:
+                q = q_order[a:b]
+                below[q] = kernels().count_below(q_times, cuts["counts"], q_pairs[q], cuts["bounds"][q])
 
         # Without compiled kernels, pool threads only multi-get (RocksDB runs without the GIL); this thread
         # decodes each part as it arrives, in order. Decoding in the pool threads too made them queue for the
@@ -276,9 +293,14 @@ class SequenceStore:
             q_times = out[0][self.time][0].view(np.int64).reshape(-1, self.chunk_events)
             below = cuts["below"] = np.empty(len(q_pairs), np.int64)
         if compiled:
+            from featurelake.sequences.kernels import PartDecoder
             from featurelake.sequences.kernels import decode_into as compiled_decode
-            from featurelake.sequences.kernels import in_place
 
+            queries = None
+            if below is not None:
+                queries = (q_times, cuts["counts"], q_pairs, q_order, q_sorted, cuts["bounds"], below)
+            decoders = {g: PartDecoder(self.codecs[g], names[g], partial.get(g), out[g], queries if g == 0 else None,
+                                       self.time if g == 0 and self.time not in names[g] else None) for g in groups}
             if threads > 1 and npairs > per_pairs:
                 results = list(lookup_pool(threads).map(fetch_compiled, starts))
             else:
@@ -293,6 +315,11 @@ class SequenceStore:
                 widen(g, col, k, len(out[g][col][0]))
             for g, col, _, grid, p0 in redo:
                 compiled_decode(self.codecs[g], grid, [col], out[g], p0)
+            parts_flags = [f for r in results for f in r[4]]
+            if flags_set is not None and None not in parts_flags:
+                for f in parts_flags:
+                    for key, k in f.items():
+                        flags_set[key] = flags_set.get(key, 0) + k
         elif threads > 1 and npairs > per_pairs:
             pool = lookup_pool(threads)
             futures = [pool.submit(get, p0) for p0 in starts]
@@ -447,8 +474,12 @@ class SequenceStore:
             has_win = win_rows is not None and len(win_rows)
             cuts = {"pairs": np.concatenate([p_hi, p_lo[win_rows]]) if has_win else p_hi,
                     "bounds": np.concatenate([bn, bn[win_rows] - w]) if has_win else bn, "counts": counts}
+        flags_set: dict[tuple[int, str], int] = {}
         fetched = self._fetch(users[pair_user], pair_chunk, names, threads, batch_keys, stats, partial, scratch, narrow,
-                              compiled, cuts)
+                              compiled, cuts, flags_set)
+        for (g, col), k in flags_set.items():  # every event valid: no validity to copy out (or to count again)
+            if k == pool_off[-1]:
+                fetched[g][col] = (fetched[g][col][0], None)
 
         s = pool_off[p_lo]
         e = pool_off[p_hi + 1]
