@@ -43,7 +43,7 @@ from featurelake.columns import is_hidden, original_name
 from featurelake.errors import CorruptFileError, FeatureLakeError, SchemaMismatchError
 from featurelake.filters import bind_filter, referenced_ids, relax_stale
 from featurelake.guard import manifest_errors
-from featurelake.layerload import POS_FIELD_ID, REMOTE_THREADS, LayerLoading, fail_unfed
+from featurelake.layerload import POS_FIELD_ID, REMOTE_THREADS, LayerLoading, SharedFiles, fail_unfed
 from featurelake.overlay import apply_layers
 from featurelake.schema import LOCATOR_FILE, LOCATOR_POS, arrow_schema
 from featurelake.lru import LRU
@@ -134,6 +134,7 @@ class Scan(LayerLoading):
         self._targets: dict[tuple[int, ...], pa.Schema] = {}
         self._io_key = readfiles.io_key(self.io)
         self._layer_schemas: dict[tuple[int, ...], Schema] = {}
+        self._shared_files = SharedFiles()
         self._where: dict[str, tuple[pafs.FileSystem, str]] = {}
         self._plain_local: pafs.FileSystem | None = None
 

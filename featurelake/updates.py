@@ -1,8 +1,9 @@
 """Merge-on-read column updates: backfill a feature or label without rewriting data files.
 
-A backfill writes, per touched data file, one *update file* holding only the
+A backfill writes, per touched data file, one *update layer* holding only the
 changed columns (Parquet, Iceberg field ids) and the row positions they apply
-to (``_pos``, omitted when every row of the file is set). The update files
+to (``_pos``, omitted when every row of the file is set); small layers of one
+commit share an update file, one row group each (:func:`pack_parts`). The update files
 enter the platform state of one new snapshot, in the same atomic commit as any
 schema change (new columns). Bytes written are proportional to the new values
 (invariant 2); no existing data file is touched.
@@ -30,6 +31,7 @@ from featurelake.commit import CommitBase, cleanup_on_failure, commit, committed
 from featurelake.datafiles import update_file_settings
 from featurelake.errors import (
     DuplicateKeyError,
+    FeatureLakeError,
     InvalidArgumentError,
     NullKeyError,
     PrimaryKeyError,
@@ -53,7 +55,7 @@ from featurelake.schema import (
     to_table,
 )
 from featurelake.state import STATE_KEY, StateWriter, UpdateEntry, summary_props
-from featurelake.storage import storage_of
+from featurelake.storage import SINGLE_PUT_BYTES, storage_of
 from featurelake.threads import MAX_THREADS, Pending, run_all, start_all, staged_uploads
 from featurelake.wholefiles import WholeFile, uncovered_rows, whole_files
 from featurelake.writer_settings import WriterSettings
@@ -333,8 +335,8 @@ def _groups(rows: pa.Table, ordered: bool = False) -> list[tuple[str, pa.Table]]
     return [(names[file_idx[a]].as_py(), rows.slice(a, b - a)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
 
-def encode_update_file(ice: IcebergTable, values: pa.Table, target: pa.Schema, positions: pa.Array | None) -> pa.Buffer:
-    """One update file's bytes (only the given columns, plus ``_pos`` unless dense)."""
+def _part_table(values: pa.Table, target: pa.Schema, positions: pa.Array | None) -> pa.Table:
+    """One part's rows as stored: only the given columns, plus ``_pos`` unless dense."""
     arrays, fields = [], []
     if positions is not None:
         arrays.append(positions.cast(pa.int64()))
@@ -342,11 +344,19 @@ def encode_update_file(ice: IcebergTable, values: pa.Table, target: pa.Schema, p
     for f in target:
         arrays.append(values.column(f.name).cast(f.type))
         fields.append(f.with_nullable(True))
-    out_table = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def _settings(ice: IcebergTable, table: pa.Table) -> dict:
     # the data files' codec (featurelake.writer_settings), only where it pays (datafiles.update_file_settings)
-    settings = update_file_settings(out_table, WriterSettings.of(ice.metadata.properties).compression)
+    return update_file_settings(table, WriterSettings.of(ice.metadata.properties).compression)
+
+
+def encode_update_file(ice: IcebergTable, values: pa.Table, target: pa.Schema, positions: pa.Array | None) -> pa.Buffer:
+    """One update file's bytes (only the given columns, plus ``_pos`` unless dense)."""
+    out_table = _part_table(values, target, positions)
     sink = pa.BufferOutputStream()
-    pq.write_table(out_table, sink, **settings)
+    pq.write_table(out_table, sink, **_settings(ice, out_table))
     return sink.getvalue()
 
 
@@ -380,39 +390,54 @@ def stage_update_files(
     groups: list[tuple[str, pa.Table]] | None = None,
     write_files: "UpdateFileWriter | None" = None,
     pending: "list[Pending] | None" = None,
-) -> tuple[int, int]:
-    """Write one update file per touched data file and add them to ``writer``; returns (files, bytes).
+) -> tuple[int, int, int]:
+    """Write the update layers of every touched data file and add them to ``writer``; returns
+    (data files touched, update files written, bytes written).
 
     ``rows`` carry ``_file`` and ``_pos`` plus ``columns``; a data file whose
-    every row is set gets a dense update file (no positions). ``write_files``
-    writes the planned files (default :func:`write_update_files`, here).
-    With ``pending`` (and no ``write_files``) the uploads may still run when
-    this returns (:func:`start_update_files`): their handle is appended there
-    and the caller must wait for it before committing.
+    every row is set gets a dense layer (no positions). Small layers share
+    update files, one row group each (:func:`pack_parts`); large ones keep a
+    file of their own. ``write_files`` writes the planned files instead, one
+    per data file (featurelake.ray: in Ray tasks). With ``pending`` (and no
+    ``write_files``) the uploads may still run when this returns
+    (:func:`start_update_files`): their handle is appended there and the
+    caller must wait for it before committing.
     """
     target = arrow_schema(schema.select(*columns))
     field_ids = tuple(schema.find_field(c).field_id for c in columns)
     sizes = {p: f.record_count for p, f in snapshot_files(ice, head).items()}
     seq = writer.take_seq()
-    jobs = []
-    for data_file, group in groups if groups is not None else _groups(rows):
+    parts = [(data_file, group, group.num_rows == sizes[data_file]) for data_file, group in (groups if groups is not None else _groups(rows))]
+    planned = pack_parts(parts, target) if write_files is None else [[part] for part in parts]
+    files = []
+    for members in planned:
         path = f"{table._update_dir(ice)}/{snapshot_id}-{uuid.uuid4().hex[:12]}.parquet"
-        jobs.append(UpdateFileJob(data_file, path, group, group.num_rows == sizes[data_file]))
-    written.extend(j.path for j in jobs)  # named before any byte is written: a failure anywhere deletes them
-    if pending is not None and write_files is None:
-        file_sizes, uploads = start_update_files(ice, jobs, target)
+        files.append([UpdateFileJob(data_file, path, group, dense) for data_file, group, dense in members])
+    written.extend(f[0].path for f in files)  # named before any byte is written: a failure anywhere deletes them
+    if write_files is not None:
+        flat = [f[0] for f in files]
+        stored = [[StoredPart(None, size, None)] for size in write_files(ice, flat, target)]
+    elif pending is not None:
+        stored, uploads = start_update_files(ice, files, target)
         if uploads is not None:
             pending.append(uploads)
     else:
-        file_sizes = (write_files or write_update_files)(ice, jobs, target)
-    for job, size in zip(jobs, file_sizes):
-        writer.add(UpdateEntry(job.data_file, job.path, seq, field_ids, job.dense, job.rows.num_rows, size, snapshot_id))
-    return len(jobs), sum(file_sizes)
+        stored = write_update_files(ice, files, target)
+    total = 0
+    for jobs, layout in zip(files, stored):
+        for job, part in zip(jobs, layout):
+            writer.add(UpdateEntry(
+                job.data_file, job.path, seq, field_ids, job.dense, job.rows.num_rows, part.bytes, snapshot_id,
+                row_group=part.row_group, file_bytes=part.file_bytes,
+            ))
+        total += layout[0].file_bytes if layout[0].file_bytes is not None else layout[0].bytes
+    return len(parts), len(files), total
 
 
 @dataclass(frozen=True)
 class UpdateFileJob:
-    """One update file to write: ``rows`` (``_pos`` plus values) for ``data_file``, at ``path``."""
+    """One data file's update layer to write: ``rows`` (``_pos`` plus values) for ``data_file``, into
+    the update file at ``path`` (jobs of a shared file name the same path, in row-group order)."""
 
     data_file: str
     path: str
@@ -420,16 +445,89 @@ class UpdateFileJob:
     dense: bool
 
 
-def write_update_files(ice: IcebergTable, jobs: list[UpdateFileJob], target: pa.Schema) -> list[int]:
-    """Write the update files of ``jobs`` in this process; returns their sizes in order.
+@dataclass(frozen=True)
+class StoredPart:
+    """Where one job's layer landed: its row group of a shared file (None: a file of its own), its
+    stored bytes, and the shared file's size (None: ``bytes`` is the whole file)."""
+
+    row_group: int | None
+    bytes: int
+    file_bytes: int | None
+
+
+# A layer whose stored columns take at most this much in memory (Arrow bytes, before encoding: known
+# without encoding it) shares an update file with the commit's other small layers. Opening, checking
+# and decoding a small file costs ~150 us of CPU on a first read whatever its size (pyarrow's own floor
+# is 70-110 us), and each is one PUT on an object store; from a few MB the bytes themselves cost more
+# than that (decoding 4 MiB takes ms, uploading it tens of ms), so a larger layer gains nothing by
+# sharing and keeps its own file. The same size below which a local update file is read whole
+# (layerload.SMALL_LAYER_FILE_BYTES).
+PACK_PART_BYTES = 4 << 20
+PACK_FILE_BYTES = SINGLE_PUT_BYTES  # a shared update file takes small layers up to this many bytes: one PUT
+PACK_MAX_ROWS = 1 << 20  # Parquet writers cap a row group's rows (pyarrow: 1Mi); a layer with more keeps its own file
+
+
+def _layer_bytes(rows: pa.Table, target: pa.Schema, dense: bool) -> int:
+    return sum(rows.column(f.name).nbytes for f in target) + (0 if dense else 8 * rows.num_rows)
+
+
+def pack_parts(parts: "list[tuple[str, pa.Table, bool]]", target: pa.Schema) -> "list[list[tuple[str, pa.Table, bool]]]":
+    """(data file, rows, dense) layers grouped into update files, in order: small layers (at most
+    :data:`PACK_PART_BYTES`) together up to :data:`PACK_FILE_BYTES` a file, large ones alone.
+
+    Layers share a file only when they share its Parquet schema: one commit's layers have the same
+    columns, and dense ones no ``_pos`` column, so dense and sparse layers go to separate files.
+    """
+    files: list[list] = []
+    open_files: dict[bool, tuple[list, int]] = {}
+    for part in parts:
+        _, rows, dense = part
+        size = _layer_bytes(rows, target, dense)
+        if size > PACK_PART_BYTES or rows.num_rows > PACK_MAX_ROWS:
+            files.append([part])
+            continue
+        members, used = open_files.get(dense, (None, 0))
+        if members is None or used + size > PACK_FILE_BYTES:
+            members, used = [], 0
+            files.append(members)
+        members.append(part)
+        open_files[dense] = (members, used + size)
+    return files
+
+
+def encode_file(ice: IcebergTable, jobs: list[UpdateFileJob], target: pa.Schema) -> tuple[pa.Buffer, list[StoredPart]]:
+    """The bytes of one update file holding ``jobs`` (several: one row group each), and where each landed."""
+    if len(jobs) == 1:
+        data = encode_update_file(ice, jobs[0].rows, target, _job_positions(jobs[0]))
+        return data, [StoredPart(None, data.size, None)]
+    tables = [_part_table(job.rows, target, _job_positions(job)) for job in jobs]
+    sink = pa.BufferOutputStream()
+    with pq.ParquetWriter(sink, tables[0].schema, **_settings(ice, tables[0])) as out:
+        for t in tables:
+            out.write_table(t, row_group_size=t.num_rows)
+    data = sink.getvalue()
+    meta = pq.read_metadata(pa.BufferReader(data))
+    if meta.num_row_groups != len(jobs) or any(meta.row_group(i).num_rows != t.num_rows for i, t in enumerate(tables)):
+        raise FeatureLakeError(f"a shared update file came out with {meta.num_row_groups} row groups for {len(jobs)} layers")
+    groups = [meta.row_group(i) for i in range(meta.num_row_groups)]
+    stored = [sum(g.column(j).total_compressed_size for j in range(g.num_columns)) for g in groups]
+    return data, [StoredPart(i, n, data.size) for i, n in enumerate(stored)]
+
+
+def write_update_files(ice: IcebergTable, files: list[list[UpdateFileJob]], target: pa.Schema) -> list[list[StoredPart]]:
+    """Write the update files ``files`` (each a list of jobs, see :func:`pack_parts`) in this process;
+    returns where each job landed, in order.
 
     Parquet encoding and the upload release the GIL, so the files of one commit
     are written in parallel threads; every write has finished (or failed)
-    before this returns or raises. The default writer of
-    :func:`stage_update_files`; featurelake.ray passes one that writes them in
-    parallel Ray tasks.
+    before this returns or raises.
     """
-    return run_all(lambda job: write_job(ice, job, target), jobs, WRITE_THREADS)
+    def write(jobs: list[UpdateFileJob]) -> list[StoredPart]:
+        data, stored = encode_file(ice, jobs, target)
+        upload_update_file(ice, jobs[0].path, data)
+        return stored
+
+    return run_all(write, files, WRITE_THREADS)
 
 
 def write_job(ice: IcebergTable, job: UpdateFileJob, target: pa.Schema) -> int:
@@ -447,8 +545,10 @@ UPLOAD_THREADS = max(1, MAX_THREADS - 2)
 BACKGROUND_BYTES = 256 << 20  # up to this many input bytes, update files are encoded in memory and uploaded in the background
 
 
-def start_update_files(ice: IcebergTable, jobs: list[UpdateFileJob], target: pa.Schema) -> tuple[list[int], Pending | None]:
-    """Encode the update files of ``jobs`` now and start their uploads; returns (sizes, pending uploads).
+def start_update_files(
+    ice: IcebergTable, files: list[list[UpdateFileJob]], target: pa.Schema
+) -> tuple[list[list[StoredPart]], Pending | None]:
+    """Encode the update files ``files`` now and start their uploads; returns (where each job landed, pending uploads).
 
     The sizes (for the platform state) are known once the bytes are encoded,
     so the state and the snapshot's manifest list are written while the
@@ -458,11 +558,11 @@ def start_update_files(ice: IcebergTable, jobs: list[UpdateFileJob], target: pa.
     (:func:`write_update_files`, pending None): the encoded files are not
     all held in memory at once.
     """
-    if sum(job.rows.nbytes for job in jobs) > BACKGROUND_BYTES:
-        return write_update_files(ice, jobs, target), None
-    encoded = run_all(lambda job: encode_update_file(ice, job.rows, target, _job_positions(job)), jobs, WRITE_THREADS)
-    pending = start_all(lambda pair: upload_update_file(ice, pair[0].path, pair[1]), list(zip(jobs, encoded)), UPLOAD_THREADS)
-    return [b.size for b in encoded], pending
+    if sum(job.rows.nbytes for jobs in files for job in jobs) > BACKGROUND_BYTES:
+        return write_update_files(ice, files, target), None
+    encoded = run_all(lambda jobs: encode_file(ice, jobs, target), files, WRITE_THREADS)
+    pending = start_all(lambda pair: upload_update_file(ice, pair[0][0].path, pair[1][0]), list(zip(files, encoded)), UPLOAD_THREADS)
+    return [layout for _, layout in encoded], pending
 
 
 def apply_column_updates(
@@ -567,7 +667,7 @@ def commit_update_files(
     props = {STATE_KEY: root_path, "featurelake.operation": "backfill", "featurelake.columns": ",".join(columns)}
     producer = tx.update_snapshot(snapshot_properties=props, branch=branch).fast_append()
     with staged_uploads() as pending:
-        files, total_bytes = stage_update_files(
+        touched, files, total_bytes = stage_update_files(
             table, ice, head, writer, producer.snapshot_id, rows, columns, tx.table_metadata.schema(), written, groups,
             write_files, pending,
         )
@@ -576,7 +676,7 @@ def commit_update_files(
     table._base = committed_table(tx, branch, report.snapshot_id)  # the next backfill starts from it
     remember_files(ice, head, report.snapshot_id, [])  # the same data files: the next write plans no manifests
     report.rows_updated = rows.num_rows if groups is None else sum(group.num_rows for _, group in groups)
-    report.data_files_touched = report.update_files = files
+    report.data_files_touched, report.update_files = touched, files
     report.bytes_written = total_bytes
     report.new_columns = new_columns
     return report
