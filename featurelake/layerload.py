@@ -61,7 +61,10 @@ class LayerLoading:
         """The update files of data file ``path`` touching the projection, oldest first (counted in the report)."""
         entries = self.state.entries_for(path) if not self.state.empty else []
         wanted = [e for e in entries if any(i in self.read_ids for i in e.field_ids)]
-        self.report.update_files_read += len(wanted)
+        report = self.report
+        report.update_layers_read += len(wanted)
+        report.update_paths.update(e.update_file for e in wanted)
+        report.update_files_read = len(report.update_paths)
         return wanted
 
     def _start_layers(self, path: str) -> Callable[[], list[tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]]]:

@@ -353,7 +353,7 @@ def diff(table: "Table", branch: str, against: str = refs.MAIN) -> dict[str, Any
         "data_files_removed": len(changes.removed_files),
         "update_files_added": distinct_files(changes.added_updates),  # a shared file once, whatever its layers
         "bytes_added": sum(f.file_size_in_bytes for f in changes.added_files.values())
-        + sum(e.bytes for e in changes.added_updates),
+        + sum({e.update_file: e.file_size for e in changes.added_updates}.values()),  # a shared file whole, once
     }
 
 

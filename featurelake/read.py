@@ -71,8 +71,10 @@ class ReadReport:
     rows: int = 0
     skipped_files: list[str] = field(default_factory=list)
     skipped_rows: int = 0
-    update_files_read: int = 0
+    update_files_read: int = 0  # distinct update files the read needed (a shared file once)
+    update_layers_read: int = 0  # update layers applied (a shared file's row groups one each)
     seconds: float = 0.0
+    update_paths: set[str] = field(default_factory=set, repr=False)  # the files counted in update_files_read
 
 
 class Scan(LayerLoading):
