@@ -195,20 +195,37 @@ class LayerLoading:
         self, entry: UpdateEntry, ids: frozenset[int], extra_ids: tuple[int, ...], requested: Schema, target: pa.Schema,
         file_key: tuple | None,
     ) -> tuple[np.ndarray | None, pa.RecordBatch]:
-        """A layer that is one row group of a shared update file: only that row group decoded, the file
-        opened once per read for all its layers (:class:`SharedFiles`)."""
+        """A layer that is one row group of a shared update file, the file opened once per read for all
+        its layers (:class:`SharedFiles`).
+
+        A shared file read whole (small: :data:`SHARED_WHOLE_BYTES`) whose columns are flat has each
+        projected column decoded once for all its row groups (``read_column``; the decode itself costs
+        the same per row, the calls and tables per layer are what a layer of its own costs on top), and a
+        layer is its row group's chunk of those columns. Others decode only the layer's row group.
+        """
         path = entry.update_file
         shared = self._shared_files.open((path, file_key), lambda: self._open_shared(entry, file_key))
+        reader = shared.reader
         try:
-            if isinstance(shared.reader, readfiles.RemoteParquet):  # a dataset fragment: safe to read from threads
-                projected, columns, extra = readfiles.projection(shared.reader, ids, extra_ids)
-                _check_row_group(entry, shared.reader.metadata.num_row_groups)
-                table = shared.reader.read_row_groups([entry.row_group], columns=columns + extra, use_threads=False)
+            if isinstance(reader, readfiles.RemoteParquet):  # a dataset fragment: safe to read from threads
+                projected, columns, extra = readfiles.projection(reader, ids, extra_ids)
+                _check_row_group(entry, reader.metadata.num_row_groups)
+                table = reader.read_row_groups([entry.row_group], columns=columns + extra, use_threads=False)
             else:
-                with shared.lock:  # one Parquet reader: its row groups read one at a time
-                    projected, columns, extra, leaves, _ = readfiles.leaf_projection(shared.reader, ids, extra_ids)
-                    _check_row_group(entry, shared.reader.num_row_groups)
-                    table = shared.reader.read_row_group(entry.row_group, column_indices=leaves, use_threads=False)
+                with shared.lock:  # one Parquet reader: read from one thread at a time
+                    projected, columns, extra, leaves, flat = readfiles.leaf_projection(reader, ids, extra_ids)
+                    _check_row_group(entry, reader.num_row_groups)
+                    if flat and shared.whole:
+                        arrays = shared.row_group_columns(leaves, entry.row_group)
+                        table = None
+                    else:
+                        table = reader.read_row_group(entry.row_group, column_indices=leaves, use_threads=False)
+            if table is None:
+                n = entry.rows
+                if any(len(a) != n for a in arrays):
+                    raise CorruptFileError(f"row group {entry.row_group} of {path} does not hold its layer's {n} rows", path)
+                values = readfiles.conform_arrays(arrays[: len(columns)], n, projected, requested, target, columns)
+                return _checked(entry, values, arrays[len(columns)] if extra else None)
             if table.num_rows != entry.rows:
                 raise CorruptFileError(f"row group {entry.row_group} of {path} holds {table.num_rows} rows, its layer {entry.rows}", path)
             batch = table.combine_chunks().to_batches()
@@ -218,15 +235,16 @@ class LayerLoading:
             raise CorruptFileError(f"file {path} is corrupt: {e}", path) from e
         return _checked(entry, values, raw.column(len(columns)) if extra else None)
 
-    def _open_shared(self, entry: UpdateEntry, file_key: tuple | None) -> "readfiles.ParquetReader | readfiles.RemoteParquet":
-        """A shared update file opened for this read: up to :data:`SHARED_WHOLE_BYTES` read whole (one read
-        locally, one GET on an object store) and parsed from memory; larger ones memory-mapped locally, or
-        read by row group through a fragment of known size on an object store."""
+    def _open_shared(self, entry: UpdateEntry, file_key: tuple | None) -> "tuple[readfiles.ParquetReader | readfiles.RemoteParquet, bool]":
+        """A shared update file opened for this read, and whether it was read whole: up to
+        :data:`SHARED_WHOLE_BYTES` it is (one read locally, one GET on an object store) and parsed from
+        memory; larger ones are memory-mapped locally, or read by row group through a fragment of known
+        size on an object store."""
         path, size = entry.update_file, entry.file_size
         fs, fs_path = self._resolve(path)
         try:
             if file_key is None and size > SHARED_WHOLE_BYTES:
-                return readfiles.RemoteParquet.of(fs, fs_path, size, self._io_key)
+                return readfiles.RemoteParquet.of(fs, fs_path, size, self._io_key), False
             if file_key is None:
                 source = open_remote(fs, fs_path, size, whole_below=SHARED_WHOLE_BYTES)
             elif file_key[1] <= SHARED_WHOLE_BYTES:
@@ -235,7 +253,7 @@ class LayerLoading:
                 source = pa.memory_map(fs_path)
             reader = readfiles.ParquetReader()
             reader.open(source, pre_buffer=False)
-            return reader
+            return reader, isinstance(source, pa.BufferReader)
         except FileNotFoundError as e:
             raise CorruptFileError(f"file {path} is missing", path) from e
         except openfiles.FileChangedError:
@@ -269,11 +287,39 @@ def _check_row_group(entry: UpdateEntry, row_groups: int) -> None:
 
 
 class _Shared:
-    __slots__ = ("lock", "reader")
+    """One shared update file opened by a read: its reader, whether it was read whole, and the columns
+    decoded from it so far (all row groups at once, see :meth:`LayerLoading._decode_part`)."""
+
+    __slots__ = ("lock", "reader", "whole", "columns", "offsets")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.reader = None
+        self.whole = False
+        self.columns: dict[int, pa.ChunkedArray] = {}  # leaf index -> the column over every row group
+        self.offsets: list[int] | None = None  # first row of each row group, and the total
+
+    def row_group_columns(self, leaves: list[int], row_group: int) -> list[pa.Array]:
+        """Row group ``row_group`` of leaf columns ``leaves``, each column decoded once (call under the lock)."""
+        reader = self.reader
+        if self.offsets is None:
+            meta = reader.metadata
+            offsets = [0]
+            for i in range(meta.num_row_groups):
+                offsets.append(offsets[-1] + meta.row_group(i).num_rows)
+            self.offsets = offsets
+        offsets = self.offsets
+        out = []
+        for leaf in leaves:
+            column = self.columns.get(leaf)
+            if column is None:
+                column = self.columns[leaf] = reader.read_column(leaf)
+            if column.num_chunks == len(offsets) - 1 and len(column.chunk(row_group)) == offsets[row_group + 1] - offsets[row_group]:
+                out.append(column.chunk(row_group))  # a chunk per row group: the layer's, no copy
+            else:
+                start = offsets[row_group]
+                out.append(column.slice(start, offsets[row_group + 1] - start).combine_chunks())
+        return out
 
 
 class SharedFiles:
@@ -291,7 +337,8 @@ class SharedFiles:
     def __reduce__(self):
         return (SharedFiles, ())
 
-    def open(self, key: tuple, opener: Callable[[], object]) -> _Shared:
+    def open(self, key: tuple, opener: "Callable[[], tuple[object, bool]]") -> _Shared:
+        """The shared file under ``key``, opened by ``opener`` (reader, read whole?) on first use."""
         with self.lock:
             found = self.files.get(key)
             if found is None:
@@ -303,7 +350,7 @@ class SharedFiles:
         if found.reader is None:
             with found.lock:
                 if found.reader is None:
-                    found.reader = opener()
+                    found.reader, found.whole = opener()
         return found
 
 
