@@ -11,8 +11,13 @@ it touched:
 * a *root* per platform commit (``featurelake.state`` in the snapshot
   summary): JSON with the commit order counter, the set of updated field
   ids, totals, and a map ``shard -> file holding its entries``;
-* *shards*, one row per live update file, each holding the entries of the
-  data files whose path hashes to that shard. A commit writes only the
+* *shards*, one row per live update layer, each holding the entries of the
+  data files whose path hashes to that shard. A layer is a whole update file
+  (``row_group`` null, as every state before packing wrote) or one row group
+  of a shared update file (the nullable ``row_group`` and ``file_bytes``
+  columns, present only in packs that hold such layers); the root lists each
+  shared file with its live row groups (``shared``), so distinct files are
+  counted without reading every shard. A commit writes only the
   shards it changed and references the others unchanged. The shards one
   commit changed are written together in one file (a *pack*), and a shard's
   entries are the rows of that file whose data file hashes to it (an older

@@ -154,9 +154,9 @@ def _sparse_update_of(t, column: str) -> str:
 
 def _unpacked(monkeypatch) -> None:
     """Every layer in an update file of its own (as before packing; large layers still are)."""
-    from featurelake import updates
+    from featurelake import updatefiles
 
-    monkeypatch.setattr(updates, "PACK_PART_BYTES", 0)
+    monkeypatch.setattr(updatefiles, "PACK_PART_BYTES", 0)
 
 
 @both_backends

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 from backends import both_backends
 
-from featurelake import readfiles, state, updates
+from featurelake import readfiles, state, updatefiles
 from featurelake.health import table_health
 from featurelake.errors import StorageError
 
@@ -108,7 +108,7 @@ def test_dense_and_sparse_layers_never_share_a_file_and_large_ones_keep_their_ow
     assert t.last_update_report.update_files == 2
     _check(t, oracle)
     # a layer above the threshold keeps a file of its own (row group None); the small ones still share
-    monkeypatch.setattr(updates, "PACK_PART_BYTES", 8 * 200)
+    monkeypatch.setattr(updatefiles, "PACK_PART_BYTES", 8 * 200)
     ids = np.concatenate([np.arange(0, 400), np.arange(PER_FILE, N, 20)])  # 400 rows (6.4 KB) in file 0, 25 in the others
     _backfill(t, oracle, "x", ids, rng.standard_normal(len(ids)))
     latest = [e for e in t.scan().state.entries() if e.snapshot_id == t.last_update_report.snapshot_id]
@@ -205,10 +205,10 @@ def test_a_failed_upload_leaves_the_table_readable_and_nothing_referenced(backen
     lake = backend.lake
     t, oracle = _table(lake)
     if not pack:
-        monkeypatch.setattr(updates, "PACK_PART_BYTES", 0)
+        monkeypatch.setattr(updatefiles, "PACK_PART_BYTES", 0)
     before_files = backend.files()
     before = t.refresh().current_snapshot().snapshot_id
-    original = updates.upload_update_file
+    original = updatefiles.upload_update_file
     calls = []
 
     def fails(ice, path, data):
@@ -218,7 +218,7 @@ def test_a_failed_upload_leaves_the_table_readable_and_nothing_referenced(backen
             raise OSError("connection reset")
         return data.size
 
-    monkeypatch.setattr(updates, "upload_update_file", fails)
+    monkeypatch.setattr(updatefiles, "upload_update_file", fails)
     with pytest.raises(StorageError, match="connection reset"):
         t.backfill(pa.table({"id": pa.array([5, 505, 1005, 1505], pa.int64()), "x": [1.0, 2.0, 3.0, 4.0]}))
     assert len(set(calls)) == (1 if pack else FILES), calls
@@ -231,7 +231,7 @@ def test_a_failed_upload_leaves_the_table_readable_and_nothing_referenced(backen
 def test_whole_file_layers_under_packed_layers_read_right(backend, monkeypatch, fresh_process):
     t, oracle = _table(backend.lake)
     rng = np.random.default_rng(6)
-    monkeypatch.setattr(updates, "PACK_PART_BYTES", 0)  # the layout before packing: a file per layer
+    monkeypatch.setattr(updatefiles, "PACK_PART_BYTES", 0)  # the layout before packing: a file per layer
     old_ids = np.sort(rng.choice(N, 900, replace=False))
     _backfill(t, oracle, "x", old_ids, rng.standard_normal(900))
     monkeypatch.undo()

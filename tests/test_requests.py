@@ -151,14 +151,14 @@ def test_upsert_on_s3_reads_only_the_index_buckets_it_needs_and_requests_stay_fl
 
 
 def test_update_files_of_one_commit_are_written_in_parallel(lake, monkeypatch):
-    from featurelake import updates
+    from featurelake import updatefiles
 
-    monkeypatch.setattr(updates, "PACK_PART_BYTES", 0)  # every layer its own file (packing: one file, see below)
+    monkeypatch.setattr(updatefiles, "PACK_PART_BYTES", 0)  # every layer its own file (packing: one file, see below)
     t = lake.create_table("ns.t", SCHEMA, primary_key="id")
     for lo in range(0, 4000, 1000):
         t.append(_rows(range(lo, lo + 1000)))  # four data files
     active, peak, lock = [0], [0], threading.Lock()
-    original = updates.upload_update_file
+    original = updatefiles.upload_update_file
 
     def slow_write(*args, **kwargs):
         with lock:
@@ -171,7 +171,7 @@ def test_update_files_of_one_commit_are_written_in_parallel(lake, monkeypatch):
             with lock:
                 active[0] -= 1
 
-    monkeypatch.setattr(updates, "upload_update_file", slow_write)
+    monkeypatch.setattr(updatefiles, "upload_update_file", slow_write)
     t.backfill(pa.table({"id": pa.array([5, 1005, 2005, 3005], pa.int64()), "x": [1.5, 2.5, 3.5, 4.5]}))
     assert t.last_update_report.update_files == 4
     assert peak[0] == 4
@@ -181,17 +181,17 @@ def test_update_files_of_one_commit_are_written_in_parallel(lake, monkeypatch):
 
 @pytest.mark.parametrize("pack", [False, True], ids=["own-files", "packed"])
 def test_a_failed_parallel_write_leaves_no_update_file_and_no_snapshot(lake, monkeypatch, pack):
-    from featurelake import updates
+    from featurelake import updatefiles
 
     if not pack:
-        monkeypatch.setattr(updates, "PACK_PART_BYTES", 0)  # four files, the second fails
+        monkeypatch.setattr(updatefiles, "PACK_PART_BYTES", 0)  # four files, the second fails
     t = lake.create_table("ns.t", SCHEMA, primary_key="id")
     for lo in range(0, 4000, 1000):
         t.append(_rows(range(lo, lo + 1000)))
     storage = table_storage(t.refresh())
     before_files = {f.uri for f in storage.list(t.refresh().location())}
     before_snapshot = t.refresh().current_snapshot().snapshot_id
-    original = updates.upload_update_file
+    original = updatefiles.upload_update_file
     calls = [0]
 
     def one_fails(ice, path, *args, **kwargs):
@@ -202,7 +202,7 @@ def test_a_failed_parallel_write_leaves_no_update_file_and_no_snapshot(lake, mon
                 raise OSError("No space left on device")
         return size
 
-    monkeypatch.setattr(updates, "upload_update_file", one_fails)
+    monkeypatch.setattr(updatefiles, "upload_update_file", one_fails)
     with pytest.raises(StorageError):
         t.backfill(pa.table({"id": pa.array([5, 1005, 2005, 3005], pa.int64()), "x": [1.5, 2.5, 3.5, 4.5]}))
     assert {f.uri for f in storage.list(t.refresh().location())} == before_files
@@ -491,15 +491,15 @@ def test_a_commit_writes_its_state_in_one_pack_and_older_packs_never_leak(backen
 @pytest.mark.parametrize("pack", [False, True], ids=["own-files", "packed"])
 def test_every_update_file_is_stored_before_the_commit_names_it(backend, monkeypatch, pack):
     """Update files upload while the state and manifest list are written; the catalog commit waits for all of them."""
-    from featurelake import updates
+    from featurelake import updatefiles, updates
 
     if not pack:
-        monkeypatch.setattr(updates, "PACK_PART_BYTES", 0)
+        monkeypatch.setattr(updatefiles, "PACK_PART_BYTES", 0)
     lake = backend.lake
     t = lake.create_table("ns.t", SCHEMA, primary_key="id")
     for lo in range(0, 3000, 1000):
         t.append(_rows(range(lo, lo + 1000)))
-    original_upload, original_commit = updates.upload_update_file, updates.commit
+    original_upload, original_commit = updatefiles.upload_update_file, updates.commit
     done: list[str] = []
     at_commit: list[list[str]] = []
 
@@ -513,7 +513,7 @@ def test_every_update_file_is_stored_before_the_commit_names_it(backend, monkeyp
         at_commit.append(list(done))
         return original_commit(tx, branch)
 
-    monkeypatch.setattr(updates, "upload_update_file", slow_upload)
+    monkeypatch.setattr(updatefiles, "upload_update_file", slow_upload)
     monkeypatch.setattr(updates, "commit", checked_commit)
     t.backfill(pa.table({"id": pa.array([5, 1005, 2005], pa.int64()), "x": [1.5, 2.5, 3.5]}))
     assert len(at_commit) == 1 and sorted(at_commit[0]) == sorted(done) and len(done) == (1 if pack else 3)
