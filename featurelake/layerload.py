@@ -18,6 +18,7 @@ so the bad-file budget applies to it as to any damaged file; never wrong rows.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Callable
@@ -42,7 +43,8 @@ REMOTE_THREADS = 16  # files in flight on an object store, where each read waits
 SMALL_LAYER_FILE_BYTES = 4 << 20  # a local update file up to this size is read in one call and parsed from memory
 SHARED_WHOLE_BYTES = 8 << 20  # a shared update file up to this size is read whole once per read (locally, and in one GET)
 SHARED_OPEN = 8  # shared update files one read keeps open at a time (SharedFiles)
-_CHANGED_RETRIES = 3  # times a local update file replaced between its stat and its open is stat'ed again
+_CHANGED_RETRIES = 3
+_TRANSIENT_RETRIES = 3  # times a remote shared update file is fetched again after a transient error  # times a local update file replaced between its stat and its open is stat'ed again
 _INT64 = pa.int64()
 
 class LayerLoading:
@@ -195,13 +197,12 @@ class LayerLoading:
         self, entry: UpdateEntry, ids: frozenset[int], extra_ids: tuple[int, ...], requested: Schema, target: pa.Schema,
         file_key: tuple | None,
     ) -> tuple[np.ndarray | None, pa.RecordBatch]:
-        """A layer that is one row group of a shared update file, the file opened once per read for all
-        its layers (:class:`SharedFiles`).
+        """A layer that is one row group of a shared update file: only that row group decoded, the file
+        opened once per read for all its layers (:class:`SharedFiles`).
 
-        A shared file read whole (small: :data:`SHARED_WHOLE_BYTES`) whose columns are flat has each
-        projected column decoded once for all its row groups (``read_column``; the decode itself costs
-        the same per row, the calls and tables per layer are what a layer of its own costs on top), and a
-        layer is its row group's chunk of those columns. Others decode only the layer's row group.
+        Row group by row group, not each column once for the whole file: a column read whole is one
+        buffer, and a layer sliced from it would keep the other layers' rows alive in the layer cache
+        (and be counted at the whole column's size); the decode costs the same per row either way.
         """
         path = entry.update_file
         shared = self._shared_files.open((path, file_key), lambda: self._open_shared(entry, file_key))
@@ -213,53 +214,47 @@ class LayerLoading:
                 table = reader.read_row_groups([entry.row_group], columns=columns + extra, use_threads=False)
             else:
                 with shared.lock:  # one Parquet reader: read from one thread at a time
-                    projected, columns, extra, leaves, flat = readfiles.leaf_projection(reader, ids, extra_ids)
+                    projected, columns, extra, leaves, _ = readfiles.leaf_projection(reader, ids, extra_ids)
                     _check_row_group(entry, reader.num_row_groups)
-                    if flat and shared.whole:
-                        arrays = shared.row_group_columns(leaves, entry.row_group)
-                        table = None
-                    else:
-                        table = reader.read_row_group(entry.row_group, column_indices=leaves, use_threads=False)
-            if table is None:
-                n = entry.rows
-                if any(len(a) != n for a in arrays):
-                    raise CorruptFileError(f"row group {entry.row_group} of {path} does not hold its layer's {n} rows", path)
-                values = readfiles.conform_arrays(arrays[: len(columns)], n, projected, requested, target, columns)
-                return _checked(entry, values, arrays[len(columns)] if extra else None)
+                    table = reader.read_row_group(entry.row_group, column_indices=leaves, use_threads=False)
             if table.num_rows != entry.rows:
                 raise CorruptFileError(f"row group {entry.row_group} of {path} holds {table.num_rows} rows, its layer {entry.rows}", path)
-            batch = table.combine_chunks().to_batches()
-            raw = batch[0] if batch else pa.RecordBatch.from_pylist([], schema=table.schema)
-            values = readfiles.conform_batch(raw, projected, requested, target)[0] if columns else readfiles.empty_batch(target, raw.num_rows)
+            arrays = [c.chunk(0) if c.num_chunks == 1 else c.combine_chunks() for c in table.columns]
+            values = readfiles.conform_arrays(arrays[: len(columns)], table.num_rows, projected, requested, target, columns)
         except (OSError, pa.ArrowInvalid) as e:
             raise CorruptFileError(f"file {path} is corrupt: {e}", path) from e
-        return _checked(entry, values, raw.column(len(columns)) if extra else None)
+        return _checked(entry, values, arrays[len(columns)] if extra else None)
 
-    def _open_shared(self, entry: UpdateEntry, file_key: tuple | None) -> "tuple[readfiles.ParquetReader | readfiles.RemoteParquet, bool]":
-        """A shared update file opened for this read, and whether it was read whole: up to
-        :data:`SHARED_WHOLE_BYTES` it is (one read locally, one GET on an object store) and parsed from
-        memory; larger ones are memory-mapped locally, or read by row group through a fragment of known
-        size on an object store."""
+    def _open_shared(self, entry: UpdateEntry, file_key: tuple | None) -> "readfiles.ParquetReader | readfiles.RemoteParquet":
+        """A shared update file opened for this read: up to :data:`SHARED_WHOLE_BYTES` read whole (one
+        read locally, one GET on an object store) and parsed from memory; larger ones memory-mapped
+        locally, or read by row group through a fragment of known size on an object store."""
         path, size = entry.update_file, entry.file_size
         fs, fs_path = self._resolve(path)
-        try:
-            if file_key is None and size > SHARED_WHOLE_BYTES:
-                return readfiles.RemoteParquet.of(fs, fs_path, size, self._io_key), False
-            if file_key is None:
-                source = open_remote(fs, fs_path, size, whole_below=SHARED_WHOLE_BYTES)
-            elif file_key[1] <= SHARED_WHOLE_BYTES:
-                source = pa.BufferReader(openfiles.read_whole(file_key))
-            else:
-                source = pa.memory_map(fs_path)
-            reader = readfiles.ParquetReader()
-            reader.open(source, pre_buffer=False)
-            return reader, isinstance(source, pa.BufferReader)
-        except FileNotFoundError as e:
-            raise CorruptFileError(f"file {path} is missing", path) from e
-        except openfiles.FileChangedError:
-            raise
-        except (OSError, pa.ArrowInvalid) as e:
-            raise CorruptFileError(f"file {path} cannot be read: {e}", path) from e
+        for attempt in range(_TRANSIENT_RETRIES + 1):
+            try:
+                if file_key is None and size > SHARED_WHOLE_BYTES:
+                    return readfiles.RemoteParquet.of(fs, fs_path, size, self._io_key)
+                if file_key is None:
+                    source = open_remote(fs, fs_path, size, whole_below=SHARED_WHOLE_BYTES)
+                elif file_key[1] <= SHARED_WHOLE_BYTES:
+                    source = pa.BufferReader(openfiles.read_whole(file_key))
+                else:
+                    source = pa.memory_map(fs_path)
+                reader = readfiles.ParquetReader()
+                reader.open(source, pre_buffer=False)
+                return reader
+            except FileNotFoundError as e:
+                raise CorruptFileError(f"file {path} is missing", path) from e
+            except openfiles.FileChangedError:
+                raise
+            except pa.ArrowInvalid as e:
+                raise CorruptFileError(f"file {path} is corrupt: {e}", path) from e
+            except OSError as e:  # an object store's transient failure: tried again, as data files are (read.py)
+                if file_key is not None or attempt == _TRANSIENT_RETRIES:
+                    raise CorruptFileError(f"file {path} cannot be read: {e}", path) from e
+                time.sleep(0.05 * 2 ** (attempt + 1))
+        raise AssertionError("unreachable")
 
     def _read_leased(
         self, entry: UpdateEntry, ids: frozenset[int], extra_ids: tuple[int, ...], file_key: tuple | None
@@ -287,39 +282,13 @@ def _check_row_group(entry: UpdateEntry, row_groups: int) -> None:
 
 
 class _Shared:
-    """One shared update file opened by a read: its reader, whether it was read whole, and the columns
-    decoded from it so far (all row groups at once, see :meth:`LayerLoading._decode_part`)."""
+    """One shared update file opened by a read: its reader (set once, under ``lock``)."""
 
-    __slots__ = ("lock", "reader", "whole", "columns", "offsets")
+    __slots__ = ("lock", "reader")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.reader = None
-        self.whole = False
-        self.columns: dict[int, pa.ChunkedArray] = {}  # leaf index -> the column over every row group
-        self.offsets: list[int] | None = None  # first row of each row group, and the total
-
-    def row_group_columns(self, leaves: list[int], row_group: int) -> list[pa.Array]:
-        """Row group ``row_group`` of leaf columns ``leaves``, each column decoded once (call under the lock)."""
-        reader = self.reader
-        if self.offsets is None:
-            meta = reader.metadata
-            offsets = [0]
-            for i in range(meta.num_row_groups):
-                offsets.append(offsets[-1] + meta.row_group(i).num_rows)
-            self.offsets = offsets
-        offsets = self.offsets
-        out = []
-        for leaf in leaves:
-            column = self.columns.get(leaf)
-            if column is None:
-                column = self.columns[leaf] = reader.read_column(leaf)
-            if column.num_chunks == len(offsets) - 1 and len(column.chunk(row_group)) == offsets[row_group + 1] - offsets[row_group]:
-                out.append(column.chunk(row_group))  # a chunk per row group: the layer's, no copy
-            else:
-                start = offsets[row_group]
-                out.append(column.slice(start, offsets[row_group + 1] - start).combine_chunks())
-        return out
 
 
 class SharedFiles:
@@ -337,8 +306,8 @@ class SharedFiles:
     def __reduce__(self):
         return (SharedFiles, ())
 
-    def open(self, key: tuple, opener: "Callable[[], tuple[object, bool]]") -> _Shared:
-        """The shared file under ``key``, opened by ``opener`` (reader, read whole?) on first use."""
+    def open(self, key: tuple, opener: Callable[[], object]) -> _Shared:
+        """The shared file under ``key``, opened by ``opener`` on first use."""
         with self.lock:
             found = self.files.get(key)
             if found is None:
@@ -350,7 +319,7 @@ class SharedFiles:
         if found.reader is None:
             with found.lock:
                 if found.reader is None:
-                    found.reader, found.whole = opener()
+                    found.reader = opener()
         return found
 
 
