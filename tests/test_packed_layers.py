@@ -265,3 +265,23 @@ def test_state_packs_without_the_row_group_columns_decode_as_whole_files():
     assert packed.column("row_group").to_pylist() == [None, 0, 1, 2]
     decoded = state._entries_by_file(packed)
     assert decoded == {"d0": [whole, parts[0]], "d1": [parts[1]], "d2": [parts[2]]}
+
+
+@both_backends
+def test_shared_files_above_the_whole_read_size_are_read_by_row_group(backend, monkeypatch, fresh_process):
+    """Above ``layerload.SHARED_WHOLE_BYTES`` a shared file is memory-mapped locally, or read by row
+    group through a fragment of known size on an object store: the same rows as the whole-file path."""
+    from featurelake import layerload
+
+    t, oracle = _table(backend.lake)
+    rng = np.random.default_rng(7)
+    ids = np.sort(rng.choice(N, 700, replace=False))
+    _backfill(t, oracle, "x", ids, rng.standard_normal(700))
+    dense_ids = np.arange(N)
+    _backfill(t, oracle, "w", dense_ids, rng.standard_normal(N))
+    monkeypatch.setattr(layerload, "SHARED_WHOLE_BYTES", 0)
+    fresh_process()
+    _check(t, oracle)
+    _check(t, oracle)
+    subset = t.read(columns=["id", "w"], filter=f"id < {PER_FILE}").to_pandas().set_index("id").sort_index()
+    pd.testing.assert_series_equal(subset["w"], oracle["w"].loc[: PER_FILE - 1], check_dtype=False)
