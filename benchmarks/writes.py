@@ -357,7 +357,7 @@ FEATURELAKE_PHASES = {
     "input checks (conform, null and duplicate keys in the batch)": ("featurelake/appends.py", "prepare_rows", None),
     "data file write (Parquet)": ("featurelake/rewrite.py", "write_files", None),
     "scan order (plan the snapshot)": ("featurelake/dense.py", "scan_order", None),
-    "update files write (Parquet)": ("featurelake/updates.py", "write_update_files", None),
+    "update files write (Parquet)": ("featurelake/updatefiles.py", "start_update_files", None),
     "schema change (new column)": ("featurelake/updates.py", "add_columns", None),
     "keys already in the table (index probe)": ("featurelake/appends.py", "refuse_existing", None),
     "platform state read": ("featurelake/table.py", "_state", "attempt"),

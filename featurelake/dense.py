@@ -18,8 +18,9 @@ positions). Two ways to say which value belongs to which row:
   column is merged against it (a binary search of sorted keys, no hash
   table); the result is again a dense update file per data file.
 
-Update files of one commit are written in parallel, and the commit is one
-Iceberg snapshot like any backfill (featurelake.updates).
+Update files of one commit are written in parallel (small dense layers share
+one, a row group each: featurelake.updatefiles), and the commit is one Iceberg
+snapshot like any backfill (featurelake.updates).
 """
 from __future__ import annotations
 

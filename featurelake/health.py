@@ -34,10 +34,11 @@ Counts, per branch head:
     the ones compaction can bin-pack (a lone small file per partition has
     nothing to merge with, so it never triggers a compaction on its own).
 ``update_files``, ``update_bytes``
-    live update files (merge-on-read column updates) and their bytes.
+    live update files (merge-on-read column updates; a file shared by the small
+    layers of one commit counts once) and the stored bytes of their live layers.
 ``max_update_layers``
-    the most update files stacked on one data file: every layer costs the reader
-    one more file to merge, compaction folds them all.
+    the most update layers stacked on one data file: every layer costs the reader
+    one more merge, compaction folds them all.
 ``files_with_updates``
     data files with at least one update file.
 

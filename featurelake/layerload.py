@@ -18,6 +18,8 @@ so the bad-file budget applies to it as to any damaged file; never wrong rows.
 from __future__ import annotations
 
 import threading
+import time
+from collections import OrderedDict
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Callable
 
@@ -30,6 +32,7 @@ from pyiceberg.table import FileScanTask
 from featurelake import openfiles, readfiles
 from featurelake.errors import CorruptFileError, FeatureLakeError
 from featurelake.state import PlatformState, UpdateEntry
+from featurelake.storage import open_remote
 
 if TYPE_CHECKING:
     from featurelake.read import ReadReport
@@ -38,12 +41,15 @@ POS_FIELD_ID = 2147483645  # Iceberg's reserved field id of the `_pos` metadata 
 THREADED_LAYER_BYTES = 1 << 20  # an update file decoded on Arrow's thread pool above this size (small ones: on one thread)
 REMOTE_THREADS = 16  # files in flight on an object store, where each read waits on latency, not on a core
 SMALL_LAYER_FILE_BYTES = 4 << 20  # a local update file up to this size is read in one call and parsed from memory
-_CHANGED_RETRIES = 3  # times a local update file replaced between its stat and its open is stat'ed again
+SHARED_WHOLE_BYTES = 8 << 20  # a shared update file up to this size is read whole once per read (locally, and in one GET)
+SHARED_OPEN = 8  # shared update files one read keeps open at a time (SharedFiles)
+_CHANGED_RETRIES = 3
+_TRANSIENT_RETRIES = 3  # times a remote shared update file is fetched again after a transient error  # times a local update file replaced between its stat and its open is stat'ed again
 _INT64 = pa.int64()
 
 class LayerLoading:
     """The update-layer half of a scan. Needs from the scan: ``state``, ``read_ids``, ``read_schema``,
-    ``report``, ``_io_key``, ``_layer_schemas`` and the methods ``_resolve``, ``_open_leased``, ``_target``."""
+    ``report``, ``_io_key``, ``_layer_schemas``, ``_shared_files`` and the methods ``_resolve``, ``_open_leased``, ``_target``."""
 
     state: PlatformState
     read_ids: set[int]
@@ -51,12 +57,16 @@ class LayerLoading:
     report: "ReadReport"
     _io_key: tuple
     _layer_schemas: dict[tuple[int, ...], Schema]
+    _shared_files: "SharedFiles"
 
     def _wanted(self, path: str) -> list[UpdateEntry]:
         """The update files of data file ``path`` touching the projection, oldest first (counted in the report)."""
         entries = self.state.entries_for(path) if not self.state.empty else []
         wanted = [e for e in entries if any(i in self.read_ids for i in e.field_ids)]
-        self.report.update_files_read += len(wanted)
+        report = self.report
+        report.update_layers_read += len(wanted)
+        report.update_paths.update(e.update_file for e in wanted)
+        report.update_files_read = len(report.update_paths)
         return wanted
 
     def _start_layers(self, path: str) -> Callable[[], list[tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]]]:
@@ -142,8 +152,8 @@ class LayerLoading:
                 file_key = openfiles.file_key(fs_path)
             except FileNotFoundError as e:
                 raise CorruptFileError(f"file {entry.update_file} is missing", entry.update_file) from e
-            return file_key + (ids, entry.dense), file_key
-        return (self._io_key, type(fs).__name__, fs_path, entry.bytes, ids, entry.dense), None
+            return file_key + (ids, entry.dense, entry.row_group), file_key
+        return (self._io_key, type(fs).__name__, fs_path, entry.file_size, ids, entry.dense, entry.row_group), None
 
     def _decode_layer(
         self, entry: UpdateEntry, ids: tuple[int, ...], file_key: tuple | None = None
@@ -162,6 +172,8 @@ class LayerLoading:
         target = self._target(requested)
         path = entry.update_file
         extra_ids = () if entry.dense else (POS_FIELD_ID,)
+        if entry.row_group is not None:
+            return self._decode_part(entry, frozenset(ids), extra_ids, requested, target, file_key)
         if file_key is not None and entry.bytes and entry.bytes <= SMALL_LAYER_FILE_BYTES:
             reader, (projected, columns, extra, leaves, flat) = _open_small(path, file_key, frozenset(ids), extra_ids)
             if flat:
@@ -181,6 +193,69 @@ class LayerLoading:
         # both reads return the columns in the order asked for, so _pos follows the values (by index: a lookup by name costs more)
         return _checked(entry, values, raw.column(len(columns)) if extra else None)
 
+    def _decode_part(
+        self, entry: UpdateEntry, ids: frozenset[int], extra_ids: tuple[int, ...], requested: Schema, target: pa.Schema,
+        file_key: tuple | None,
+    ) -> tuple[np.ndarray | None, pa.RecordBatch]:
+        """A layer that is one row group of a shared update file: only that row group decoded, the file
+        opened once per read for all its layers (:class:`SharedFiles`).
+
+        Row group by row group, not each column once for the whole file: a column read whole is one
+        buffer, and a layer sliced from it would keep the other layers' rows alive in the layer cache
+        (and be counted at the whole column's size); the decode costs the same per row either way.
+        """
+        path = entry.update_file
+        shared = self._shared_files.open((path, file_key), lambda: self._open_shared(entry, file_key))
+        reader = shared.reader
+        try:
+            if isinstance(reader, readfiles.RemoteParquet):  # a dataset fragment: safe to read from threads
+                projected, columns, extra = readfiles.projection(reader, ids, extra_ids)
+                _check_row_group(entry, reader.metadata.num_row_groups)
+                table = reader.read_row_groups([entry.row_group], columns=columns + extra, use_threads=False)
+            else:
+                with shared.lock:  # one Parquet reader: read from one thread at a time
+                    projected, columns, extra, leaves, _ = readfiles.leaf_projection(reader, ids, extra_ids)
+                    _check_row_group(entry, reader.num_row_groups)
+                    table = reader.read_row_group(entry.row_group, column_indices=leaves, use_threads=False)
+            if table.num_rows != entry.rows:
+                raise CorruptFileError(f"row group {entry.row_group} of {path} holds {table.num_rows} rows, its layer {entry.rows}", path)
+            arrays = [c.chunk(0) if c.num_chunks == 1 else c.combine_chunks() for c in table.columns]
+            values = readfiles.conform_arrays(arrays[: len(columns)], table.num_rows, projected, requested, target, columns)
+        except (OSError, pa.ArrowInvalid) as e:
+            raise CorruptFileError(f"file {path} is corrupt: {e}", path) from e
+        return _checked(entry, values, arrays[len(columns)] if extra else None)
+
+    def _open_shared(self, entry: UpdateEntry, file_key: tuple | None) -> "readfiles.ParquetReader | readfiles.RemoteParquet":
+        """A shared update file opened for this read: up to :data:`SHARED_WHOLE_BYTES` read whole (one
+        read locally, one GET on an object store) and parsed from memory; larger ones memory-mapped
+        locally, or read by row group through a fragment of known size on an object store."""
+        path, size = entry.update_file, entry.file_size
+        fs, fs_path = self._resolve(path)
+        for attempt in range(_TRANSIENT_RETRIES + 1):
+            try:
+                if file_key is None and size > SHARED_WHOLE_BYTES:
+                    return readfiles.RemoteParquet.of(fs, fs_path, size, self._io_key)
+                if file_key is None:
+                    source = open_remote(fs, fs_path, size, whole_below=SHARED_WHOLE_BYTES)
+                elif file_key[1] <= SHARED_WHOLE_BYTES:
+                    source = pa.BufferReader(openfiles.read_whole(file_key))
+                else:
+                    source = pa.memory_map(fs_path)
+                reader = readfiles.ParquetReader()
+                reader.open(source, pre_buffer=False)
+                return reader
+            except FileNotFoundError as e:
+                raise CorruptFileError(f"file {path} is missing", path) from e
+            except openfiles.FileChangedError:
+                raise
+            except pa.ArrowInvalid as e:
+                raise CorruptFileError(f"file {path} is corrupt: {e}", path) from e
+            except OSError as e:  # an object store's transient failure: tried again, as data files are (read.py)
+                if file_key is not None or attempt == _TRANSIENT_RETRIES:
+                    raise CorruptFileError(f"file {path} cannot be read: {e}", path) from e
+                time.sleep(0.05 * 2 ** (attempt + 1))
+        raise AssertionError("unreachable")
+
     def _read_leased(
         self, entry: UpdateEntry, ids: frozenset[int], extra_ids: tuple[int, ...], file_key: tuple | None
     ) -> tuple[pa.Table, Schema, list[str], list[str]]:
@@ -199,6 +274,53 @@ class LayerLoading:
         finally:
             readfiles.release(lease, ok)
         return table, projected, columns, extra
+
+
+def _check_row_group(entry: UpdateEntry, row_groups: int) -> None:
+    if not 0 <= entry.row_group < row_groups:  # type: ignore[operator]
+        raise CorruptFileError(f"update file {entry.update_file} has {row_groups} row groups, its layer names row group {entry.row_group}", entry.update_file)
+
+
+class _Shared:
+    """One shared update file opened by a read: its reader (set once, under ``lock``)."""
+
+    __slots__ = ("lock", "reader")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.reader = None
+
+
+class SharedFiles:
+    """The shared update files one read has opened (each once, whichever thread gets there first),
+    the last :data:`SHARED_OPEN` of them kept: a read meets a shared file's layers data file after
+    data file, so an evicted one is rarely needed again (and is then opened again).
+
+    Pickles as empty (a read shipped to another process opens its own).
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.files: "OrderedDict[tuple, _Shared]" = OrderedDict()
+
+    def __reduce__(self):
+        return (SharedFiles, ())
+
+    def open(self, key: tuple, opener: Callable[[], object]) -> _Shared:
+        """The shared file under ``key``, opened by ``opener`` on first use."""
+        with self.lock:
+            found = self.files.get(key)
+            if found is None:
+                found = self.files[key] = _Shared()
+                while len(self.files) > SHARED_OPEN:
+                    self.files.popitem(last=False)
+            else:
+                self.files.move_to_end(key)
+        if found.reader is None:
+            with found.lock:
+                if found.reader is None:
+                    found.reader = opener()
+        return found
 
 
 def _open_small(

@@ -28,7 +28,7 @@ from featurelake.commit import cleanup_on_failure, commit, delete_quietly, optim
 from featurelake.errors import CorruptFileError
 from featurelake.datafiles import index_keys
 from featurelake.rewrite import merged_rows, rewrite_scan, write_files
-from featurelake.state import StateWriter, summary_props
+from featurelake.state import StateWriter, distinct_files, summary_props
 
 if TYPE_CHECKING:
     from featurelake.table import Table
@@ -118,7 +118,7 @@ def _untouched(table: "Table", ice: IcebergTable, plan: _Plan, head) -> list[_Bi
     inputs = {f.file_path for b in plan.bins for f in b.inputs}
     if all(s.summary is not None and s.summary.operation == Operation.APPEND and not int(s.summary.get(DELETED_DATA_FILES) or 0) for s in since):
         before, after = table._state(ice, base), table._state(ice, head)
-        touched = {p for p in inputs if [e.update_file for e in before.entries_for(p)] != [e.update_file for e in after.entries_for(p)]}
+        touched = {p for p in inputs if [e.part for e in before.entries_for(p)] != [e.part for e in after.entries_for(p)]}
     else:
         changes = change_set(table, ice, base, head)
         touched = set(changes.removed_files) | {e.data_file for e in changes.added_updates + changes.removed_updates}
@@ -266,7 +266,7 @@ def compact(
         budget = int(max_bad_file_ratio * len(tasks) + 1e-9)
         scan = rewrite_scan(table, ice, head)
         keys = [
-            frozenset((t.file.file_path, tuple(e.update_file for e in layers.get(t.file.file_path, []))) for t in bin_)
+            frozenset((t.file.file_path, tuple(e.part for e in layers.get(t.file.file_path, []))) for t in bin_)
             for bin_ in chosen
         ]
         todo = {k: b for k, b in zip(keys, chosen) if k not in reuse}  # bins an earlier attempt rewrote are reused
@@ -367,7 +367,7 @@ def _commit_bins(
     report.rows = sum(f.record_count for f in removed)
     report.files_out = len(added)
     report.bytes_out = sum(f.file_size_in_bytes for f in added)
-    report.update_files_folded = len(folded)
+    report.update_files_folded = distinct_files(folded)  # update files with a layer folded (a shared one once)
     report.update_bytes_folded = sum(e.bytes for e in folded)
     report.bad_files = sorted(plan.bad)
     return report

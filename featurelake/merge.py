@@ -17,7 +17,7 @@ keys: a merge never makes a key appear twice.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -31,7 +31,7 @@ from featurelake import refs
 from featurelake.commit import commit, commit_refs, optimistic
 from featurelake.errors import BranchNotFoundError, FeatureLakeError, MergeConflictError
 from featurelake.livefiles import _FILES_CACHE, remember_files, snapshot_files  # noqa: F401  (public here as before)
-from featurelake.state import PlatformState, StateWriter, UpdateEntry, summary_props
+from featurelake.state import PlatformState, StateWriter, UpdateEntry, distinct_files, summary_props
 
 if TYPE_CHECKING:
     from featurelake.table import Table
@@ -67,8 +67,9 @@ def fork_point(meta, a: Snapshot, b: Snapshot) -> Snapshot | None:
     return None
 
 
-def _entries(state: PlatformState) -> dict[str, UpdateEntry]:
-    return {e.update_file: e for e in state.entries()}
+def _entries(state: PlatformState) -> dict[tuple[str, str, int | None], UpdateEntry]:
+    """A state's entries by (data file, update file, row group): layers of one shared file are distinct."""
+    return {(e.data_file, *e.part): e for e in state.entries()}
 
 
 @dataclass
@@ -220,18 +221,18 @@ def _replay(
         live_after = (set(target_files) - set(changes.removed_files)) | set(changes.added_files)
         known = {p: k for p, k in index_new.items() if k is not None}
         index.extend(ice, writer, list(index_new), table.primary_key, live_after, known=known)
-    dropped = {e.update_file for e in changes.removed_updates}
+    dropped = {e.part for e in changes.removed_updates}
     for e in changes.removed_updates:
-        writer.drop_where(e.data_file, lambda x, u=e.update_file: x.update_file == u)
+        writer.drop_where(e.data_file, lambda x, u=e.part: x.part == u)
     for path in changes.removed_files:
         writer.drop_data_file(path)
     seq_map: dict[int, int] = {}
     for e in changes.added_updates:
-        if e.update_file in dropped:
+        if e.part in dropped:
             continue
         if e.seq not in seq_map:
             seq_map[e.seq] = writer.take_seq()
-        writer.add(UpdateEntry(e.data_file, e.update_file, seq_map[e.seq], e.field_ids, e.dense, e.rows, e.bytes, e.snapshot_id))
+        writer.add(replace(e, seq=seq_map[e.seq]))
     root = writer.write() if writer.changed else state.root_path
     props = {"featurelake.operation": operation}
     if merged_from is not None:
@@ -350,9 +351,9 @@ def diff(table: "Table", branch: str, against: str = refs.MAIN) -> dict[str, Any
         "columns_updated": [_column_name(schema, f) for f in touched if f in base_ids],
         "data_files_added": len(changes.added_files),
         "data_files_removed": len(changes.removed_files),
-        "update_files_added": len(changes.added_updates),
+        "update_files_added": distinct_files(changes.added_updates),  # a shared file once, whatever its layers
         "bytes_added": sum(f.file_size_in_bytes for f in changes.added_files.values())
-        + sum(e.bytes for e in changes.added_updates),
+        + sum({e.update_file: e.file_size for e in changes.added_updates}.values()),  # a shared file whole, once
     }
 
 
@@ -366,7 +367,7 @@ def storage(table: "Table", branch: str, ice: IcebergTable | None = None) -> dic
 
     def referenced(snap: Snapshot | None) -> dict[str, int]:
         files = {p: f.file_size_in_bytes for p, f in snapshot_files(ice, snap).items()}
-        files.update({e.update_file: e.bytes for e in table._state(ice, snap).entries()})
+        files.update({e.update_file: e.file_size for e in table._state(ice, snap).entries()})  # a shared file: whole
         return files
 
     mine = referenced(refs.resolve(meta, branch))

@@ -43,7 +43,7 @@ from featurelake.columns import is_hidden, original_name
 from featurelake.errors import CorruptFileError, FeatureLakeError, SchemaMismatchError
 from featurelake.filters import bind_filter, referenced_ids, relax_stale
 from featurelake.guard import manifest_errors
-from featurelake.layerload import POS_FIELD_ID, REMOTE_THREADS, LayerLoading, fail_unfed
+from featurelake.layerload import POS_FIELD_ID, REMOTE_THREADS, LayerLoading, SharedFiles, fail_unfed
 from featurelake.overlay import apply_layers
 from featurelake.schema import LOCATOR_FILE, LOCATOR_POS, arrow_schema
 from featurelake.lru import LRU
@@ -71,8 +71,10 @@ class ReadReport:
     rows: int = 0
     skipped_files: list[str] = field(default_factory=list)
     skipped_rows: int = 0
-    update_files_read: int = 0
+    update_files_read: int = 0  # distinct update files the read needed (a shared file once)
+    update_layers_read: int = 0  # update layers applied (a shared file's row groups one each)
     seconds: float = 0.0
+    update_paths: set[str] = field(default_factory=set, repr=False)  # the files counted in update_files_read
 
 
 class Scan(LayerLoading):
@@ -134,6 +136,7 @@ class Scan(LayerLoading):
         self._targets: dict[tuple[int, ...], pa.Schema] = {}
         self._io_key = readfiles.io_key(self.io)
         self._layer_schemas: dict[tuple[int, ...], Schema] = {}
+        self._shared_files = SharedFiles()
         self._where: dict[str, tuple[pafs.FileSystem, str]] = {}
         self._plain_local: pafs.FileSystem | None = None
 

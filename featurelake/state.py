@@ -11,8 +11,13 @@ it touched:
 * a *root* per platform commit (``featurelake.state`` in the snapshot
   summary): JSON with the commit order counter, the set of updated field
   ids, totals, and a map ``shard -> file holding its entries``;
-* *shards*, one row per live update file, each holding the entries of the
-  data files whose path hashes to that shard. A commit writes only the
+* *shards*, one row per live update layer, each holding the entries of the
+  data files whose path hashes to that shard. A layer is a whole update file
+  (``row_group`` null, as every state before packing wrote) or one row group
+  of a shared update file (the nullable ``row_group`` and ``file_bytes``
+  columns, present only in packs that hold such layers); the root lists each
+  shared file with its live row groups (``shared``), so distinct files are
+  counted without reading every shard. A commit writes only the
   shards it changed and references the others unchanged. The shards one
   commit changed are written together in one file (a *pack*), and a shard's
   entries are the rows of that file whose data file hashes to it (an older
@@ -73,14 +78,25 @@ _SHARD_SCHEMA = pa.schema(
         pa.field("snapshot_id", pa.int64(), nullable=False),
     ]
 )
+# Entries that are one row group of a shared update file (featurelake.updates packs small parts) add
+# these columns; a pack without them (every state file written before) decodes them as None.
+_PART_FIELDS = [pa.field("row_group", pa.int32(), nullable=True), pa.field("file_bytes", pa.int64(), nullable=True)]
+_PACKED_SCHEMA = pa.schema(list(_SHARD_SCHEMA) + _PART_FIELDS)
 
 
 @dataclass(frozen=True)
 class UpdateEntry:
-    """One live update file: new values of ``field_ids`` for rows of ``data_file``.
+    """One live update layer: new values of ``field_ids`` for rows of ``data_file``.
 
-    ``seq`` is the commit order (higher wins); ``dense`` means the file holds
+    ``seq`` is the commit order (higher wins); ``dense`` means the layer holds
     every row of the data file in order, so it has no ``_pos`` column.
+
+    ``row_group`` None: the layer is the whole of ``update_file`` and ``bytes``
+    its size (every entry written before packing). An int: the layer is exactly
+    that row group of a shared update file holding the small parts of one
+    commit (featurelake.updates); ``bytes`` is then the row group's stored
+    bytes and ``file_bytes`` the shared file's size (what a reader opens it
+    with: no HEAD request on an object store).
     """
 
     data_file: str
@@ -91,6 +107,23 @@ class UpdateEntry:
     rows: int
     bytes: int
     snapshot_id: int
+    row_group: int | None = None
+    file_bytes: int | None = None
+
+    @property
+    def part(self) -> tuple[str, int | None]:
+        """What identifies this layer's stored values: (update file, row group or None for the whole file)."""
+        return (self.update_file, self.row_group)
+
+    @property
+    def file_size(self) -> int:
+        """The size of the update file holding this layer (a shared file's whole size)."""
+        return self.file_bytes if self.file_bytes is not None else self.bytes
+
+
+def distinct_files(entries: Iterable[UpdateEntry]) -> int:
+    """How many update files ``entries`` live in (a shared file counts once)."""
+    return len({e.update_file for e in entries})
 
 
 def shard_of(data_file: str) -> int:
@@ -106,14 +139,21 @@ class PlatformState:
     shard_info: Mapping[int, dict] = field(default_factory=dict)
     index_segments: tuple[dict, ...] = ()
     io: FileIO | None = field(default=None, compare=False, repr=False)
+    shared_files: Mapping[str, int] = field(default_factory=dict)  # shared update file -> its live row groups
 
     @property
     def shards(self) -> dict[int, str]:
         return {k: v["path"] for k, v in self.shard_info.items()}
 
     @property
-    def update_files(self) -> int:
+    def update_layers(self) -> int:
+        """Live update layers (entries): a shared file's row groups count one each."""
         return sum(v["files"] for v in self.shard_info.values())
+
+    @property
+    def update_files(self) -> int:
+        """Distinct live update files (a shared file counts once, whatever its live row groups)."""
+        return self.update_layers - sum(self.shared_files.values()) + len(self.shared_files)
 
     @property
     def update_bytes(self) -> int:
@@ -212,6 +252,7 @@ class StateWriter:
         self.io = io
         self.location = location.rstrip("/")
         self._changed: dict[int, dict[str, list[UpdateEntry]]] = {}
+        self._before: dict[int, list[UpdateEntry]] = {}  # a changed shard's entries in the base state
         self.next_seq = base.next_seq
         self.index_segments: list[dict] = list(base.index_segments)
         self._index_changed = False
@@ -234,6 +275,7 @@ class StateWriter:
             info = self.base.shard_info.get(shard)
             loaded = _shard_entries(self.io, info["path"], shard, info.get("size")) if info else {}
             self._changed[shard] = {k: list(v) for k, v in loaded.items()}
+            self._before[shard] = [e for es in loaded.values() for e in es]
         return self._changed[shard]
 
     def take_seq(self) -> int:
@@ -306,12 +348,15 @@ class StateWriter:
             for shard in changed:
                 if shard in shards and shards[shard]["path"] == pack:
                     shards[shard]["size"] = encoded.size
+        shared = self._shared_after(changed)
         root = {
             "format": FORMAT,
             "next_seq": self.next_seq,
             "shards": {str(k): v for k, v in sorted(shards.items())},
             "index": self.index_segments,
         }
+        if shared:
+            root["shared"] = shared
         encoded_root = _encode_entries(packed if inline else [], json.dumps(root))
         uploads.append((root_path, encoded_root))
         if storage_of(self.io).is_local(root_path):  # a local write is quicker than a hand-off to a thread
@@ -326,8 +371,22 @@ class StateWriter:
         if inline:  # the root cannot record its own size; readers take it from the GET (see _load_root)
             shards = {k: ({**v, "size": encoded_root.size} if v["path"] == root_path else v) for k, v in shards.items()}
         _ROOT_SIZES.put(root_path, encoded_root.size)
-        _ROOT_CACHE.put(root_path, PlatformState(root_path, self.next_seq, shards, tuple(self.index_segments)))
+        _ROOT_CACHE.put(root_path, PlatformState(root_path, self.next_seq, shards, tuple(self.index_segments), shared_files=shared))
         return root_path, uploading
+
+    def _shared_after(self, changed: dict[int, list[UpdateEntry]]) -> dict[str, int]:
+        """The base's live row groups per shared update file, updated by the changed shards (before -> after).
+
+        Kept in the root so that :attr:`PlatformState.update_files` counts distinct files without
+        reading every shard: entries of one shared file may sit in many shards.
+        """
+        shared = dict(self.base.shared_files)
+        for shard, rows in changed.items():
+            for sign, entries in ((-1, self._before.get(shard, [])), (1, rows)):
+                for e in entries:
+                    if e.row_group is not None:
+                        shared[e.update_file] = shared.get(e.update_file, 0) + sign
+        return {path: n for path, n in sorted(shared.items()) if n > 0}
 
 
 # ---------------------------------------------------------------- file cache
@@ -363,6 +422,7 @@ def _load_root(io: FileIO, path: str, size: int | None = None) -> PlatformState:
                 next_seq=int(raw["next_seq"]),
                 shard_info=shard_info,
                 index_segments=tuple(raw.get("index", ())),
+                shared_files={str(k): int(v) for k, v in raw.get("shared", {}).items()},
             )
         except (OSError, ValueError, KeyError, TypeError, AttributeError, pa.ArrowException) as e:
             raise CorruptFileError(f"platform state file {path} is missing or unreadable: {e!r}", path) from e
@@ -451,7 +511,10 @@ def _fetch_shard(io: FileIO | None, path: str, size: int | None) -> dict[str, li
 def _entries_by_file(tbl: pa.Table) -> dict[str, list[UpdateEntry]]:
     """A pack's (or format-2 root's) rows as entries by data file, each list in commit order."""
     out: dict[str, list[UpdateEntry]] = {}
-    cols = tbl.select(_SHARD_SCHEMA.names).to_pydict()
+    names = tbl.column_names
+    cols = tbl.select(_SHARD_SCHEMA.names + [f.name for f in _PART_FIELDS if f.name in names]).to_pydict()
+    row_groups = cols.get("row_group") or [None] * tbl.num_rows
+    file_bytes = cols.get("file_bytes") or [None] * tbl.num_rows
     for i in range(tbl.num_rows):
         e = UpdateEntry(
             data_file=cols["data_file"][i],
@@ -462,6 +525,8 @@ def _entries_by_file(tbl: pa.Table) -> dict[str, list[UpdateEntry]]:
             rows=cols["rows"][i],
             bytes=cols["bytes"][i],
             snapshot_id=cols["snapshot_id"][i],
+            row_group=row_groups[i],
+            file_bytes=file_bytes[i],
         )
         out.setdefault(e.data_file, []).append(e)
     for v in out.values():
@@ -477,24 +542,27 @@ def _upload(io: FileIO, path: str, data: pa.Buffer) -> int:
 def _encode_entries(entries: list[UpdateEntry], root_json: str | None = None) -> pa.Buffer:
     """A pack's bytes; with ``root_json``, a format-2 root's (the JSON in the footer, no Arrow schema copy of it)."""
     entries = sorted(entries, key=lambda e: (e.data_file, e.seq))
-    tbl = pa.Table.from_pydict(
-        {
-            "data_file": [e.data_file for e in entries],
-            "update_file": [e.update_file for e in entries],
-            "seq": [e.seq for e in entries],
-            "field_ids": [list(e.field_ids) for e in entries],
-            "dense": [e.dense for e in entries],
-            "rows": [e.rows for e in entries],
-            "bytes": [e.bytes for e in entries],
-            "snapshot_id": [e.snapshot_id for e in entries],
-        },
-        schema=_SHARD_SCHEMA,
-    )
+    columns = {
+        "data_file": [e.data_file for e in entries],
+        "update_file": [e.update_file for e in entries],
+        "seq": [e.seq for e in entries],
+        "field_ids": [list(e.field_ids) for e in entries],
+        "dense": [e.dense for e in entries],
+        "rows": [e.rows for e in entries],
+        "bytes": [e.bytes for e in entries],
+        "snapshot_id": [e.snapshot_id for e in entries],
+    }
+    schema = _SHARD_SCHEMA
+    if any(e.row_group is not None for e in entries):  # packed parts: the nullable columns (absent otherwise, as before)
+        schema = _PACKED_SCHEMA
+        columns["row_group"] = [e.row_group for e in entries]
+        columns["file_bytes"] = [e.file_bytes for e in entries]
+    tbl = pa.Table.from_pydict(columns, schema=schema)
     sink = pa.BufferOutputStream()
     if root_json is None:
         pq.write_table(tbl, sink, compression="zstd")
     else:
-        with pq.ParquetWriter(sink, _SHARD_SCHEMA, compression="zstd", store_schema=False) as writer:
+        with pq.ParquetWriter(sink, schema, compression="zstd", store_schema=False) as writer:
             writer.write_table(tbl)
             writer.add_key_value_metadata({_ROOT_META.decode(): root_json})
     return sink.getvalue()

@@ -26,7 +26,7 @@ from featurelake.livefiles import snapshot_files
 from featurelake.filters import parse_filter
 from featurelake.read import DEFAULT_BATCH, Scan
 from featurelake.schema import arrow_schema
-from featurelake.state import PlatformState, state_of, summary_props
+from featurelake.state import PlatformState, distinct_files, state_of, summary_props
 from featurelake.storage import platform_dir, storage_of
 
 if TYPE_CHECKING:
@@ -455,7 +455,7 @@ class Table:
             "rows": sum(f.record_count for f in files),
             "data_files": len(files),
             "small_files": sum(1 for f in files if f.file_size_in_bytes < small),
-            "update_files": sum(len(es) for es in layers.values()),
+            "update_files": distinct_files(e for es in layers.values() for e in es),  # a shared file once
             "max_update_layers": max((len(es) for es in layers.values()), default=0),
             "data_bytes": data_bytes,
             "update_bytes": update_bytes,

@@ -1,8 +1,9 @@
 """Merge-on-read column updates: backfill a feature or label without rewriting data files.
 
-A backfill writes, per touched data file, one *update file* holding only the
+A backfill writes, per touched data file, one *update layer* holding only the
 changed columns (Parquet, Iceberg field ids) and the row positions they apply
-to (``_pos``, omitted when every row of the file is set). The update files
+to (``_pos``, omitted when every row of the file is set); small layers of one
+commit share an update file, one row group each (:func:`pack_parts`). The update files
 enter the platform state of one new snapshot, in the same atomic commit as any
 schema change (new columns). Bytes written are proportional to the new values
 (invariant 2); no existing data file is touched.
@@ -20,14 +21,12 @@ from typing import TYPE_CHECKING, Any, Callable, Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.update import AssertCurrentSchemaId
 
 from featurelake import refs, sorting
 from featurelake.commit import CommitBase, cleanup_on_failure, commit, committed_table, delete_quietly, optimistic
-from featurelake.datafiles import update_file_settings
 from featurelake.errors import (
     DuplicateKeyError,
     InvalidArgumentError,
@@ -39,7 +38,6 @@ from featurelake.errors import (
 from featurelake.index import encode, key_is_exact, read_key_columns
 from featurelake.keys import ROW, check_keys, conform_keys, find
 from featurelake.livefiles import remember_files, snapshot_files
-from featurelake.read import POS_FIELD_ID
 from featurelake.schema import (
     LOCATOR_FILE,
     LOCATOR_POS,
@@ -53,16 +51,21 @@ from featurelake.schema import (
     to_table,
 )
 from featurelake.state import STATE_KEY, StateWriter, UpdateEntry, summary_props
-from featurelake.storage import storage_of
-from featurelake.threads import MAX_THREADS, Pending, run_all, start_all, staged_uploads
+from featurelake.threads import Pending, staged_uploads
+from featurelake import updatefiles
+from featurelake.updatefiles import (  # noqa: F401  (UpdateFileJob, write_job, WRITE_THREADS: public here as before)
+    WRITE_THREADS,
+    StoredPart,
+    UpdateFileJob,
+    pack_parts,
+    write_job,
+)
 from featurelake.wholefiles import WholeFile, uncovered_rows, whole_files
-from featurelake.writer_settings import WriterSettings
 
 if TYPE_CHECKING:
     from featurelake.table import Table
 
 OnUnknown = Literal["error", "skip"]
-WRITE_THREADS = 8  # update files written at once by one commit (object-store latency, not CPU, is the limit)
 # Writes planned update files and returns their sizes in order: (table, jobs, target schema) -> sizes.
 UpdateFileWriter = Callable[[IcebergTable, "list[UpdateFileJob]", pa.Schema], "list[int]"]
 
@@ -333,33 +336,6 @@ def _groups(rows: pa.Table, ordered: bool = False) -> list[tuple[str, pa.Table]]
     return [(names[file_idx[a]].as_py(), rows.slice(a, b - a)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
 
-def encode_update_file(ice: IcebergTable, values: pa.Table, target: pa.Schema, positions: pa.Array | None) -> pa.Buffer:
-    """One update file's bytes (only the given columns, plus ``_pos`` unless dense)."""
-    arrays, fields = [], []
-    if positions is not None:
-        arrays.append(positions.cast(pa.int64()))
-        fields.append(pa.field(LOCATOR_POS, pa.int64(), nullable=False, metadata={b"PARQUET:field_id": str(POS_FIELD_ID).encode()}))
-    for f in target:
-        arrays.append(values.column(f.name).cast(f.type))
-        fields.append(f.with_nullable(True))
-    out_table = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
-    # the data files' codec (featurelake.writer_settings), only where it pays (datafiles.update_file_settings)
-    settings = update_file_settings(out_table, WriterSettings.of(ice.metadata.properties).compression)
-    sink = pa.BufferOutputStream()
-    pq.write_table(out_table, sink, **settings)
-    return sink.getvalue()
-
-
-def upload_update_file(ice: IcebergTable, path: str, data: pa.Buffer) -> int:
-    """Store an encoded update file as the new file ``path``; returns its size."""
-    return storage_of(ice.io).write_bytes(path, data)
-
-
-def write_update_file(ice: IcebergTable, path: str, values: pa.Table, target: pa.Schema, positions: pa.Array | None) -> int:
-    """Write one update file (only the given columns, plus ``_pos`` unless dense); return its size."""
-    return upload_update_file(ice, path, encode_update_file(ice, values, target, positions))
-
-
 def add_columns(tx, data: pa.Table, new_columns: list[str]) -> None:
     """Add ``new_columns`` (typed from ``data``) to the schema inside transaction ``tx``."""
     if new_columns:
@@ -380,89 +356,48 @@ def stage_update_files(
     groups: list[tuple[str, pa.Table]] | None = None,
     write_files: "UpdateFileWriter | None" = None,
     pending: "list[Pending] | None" = None,
-) -> tuple[int, int]:
-    """Write one update file per touched data file and add them to ``writer``; returns (files, bytes).
+) -> tuple[int, int, int]:
+    """Write the update layers of every touched data file and add them to ``writer``; returns
+    (data files touched, update files written, bytes written).
 
     ``rows`` carry ``_file`` and ``_pos`` plus ``columns``; a data file whose
-    every row is set gets a dense update file (no positions). ``write_files``
-    writes the planned files (default :func:`write_update_files`, here).
-    With ``pending`` (and no ``write_files``) the uploads may still run when
-    this returns (:func:`start_update_files`): their handle is appended there
-    and the caller must wait for it before committing.
+    every row is set gets a dense layer (no positions). Small layers share
+    update files, one row group each (:func:`pack_parts`); large ones keep a
+    file of their own. ``write_files`` writes the planned files instead, one
+    per data file (featurelake.ray: in Ray tasks). With ``pending`` (and no
+    ``write_files``) the uploads may still run when this returns
+    (:func:`start_update_files`): their handle is appended there and the
+    caller must wait for it before committing.
     """
     target = arrow_schema(schema.select(*columns))
     field_ids = tuple(schema.find_field(c).field_id for c in columns)
     sizes = {p: f.record_count for p, f in snapshot_files(ice, head).items()}
     seq = writer.take_seq()
-    jobs = []
-    for data_file, group in groups if groups is not None else _groups(rows):
+    parts = [(data_file, group, group.num_rows == sizes[data_file]) for data_file, group in (groups if groups is not None else _groups(rows))]
+    planned = pack_parts(parts, target) if write_files is None else [[part] for part in parts]
+    files = []
+    for members in planned:
         path = f"{table._update_dir(ice)}/{snapshot_id}-{uuid.uuid4().hex[:12]}.parquet"
-        jobs.append(UpdateFileJob(data_file, path, group, group.num_rows == sizes[data_file]))
-    written.extend(j.path for j in jobs)  # named before any byte is written: a failure anywhere deletes them
-    if pending is not None and write_files is None:
-        file_sizes, uploads = start_update_files(ice, jobs, target)
+        files.append([UpdateFileJob(data_file, path, group, dense) for data_file, group, dense in members])
+    written.extend(f[0].path for f in files)  # named before any byte is written: a failure anywhere deletes them
+    if write_files is not None:
+        flat = [f[0] for f in files]
+        stored = [[StoredPart(None, size, None)] for size in write_files(ice, flat, target)]
+    elif pending is not None:
+        stored, uploads = updatefiles.start_update_files(ice, files, target)
         if uploads is not None:
             pending.append(uploads)
     else:
-        file_sizes = (write_files or write_update_files)(ice, jobs, target)
-    for job, size in zip(jobs, file_sizes):
-        writer.add(UpdateEntry(job.data_file, job.path, seq, field_ids, job.dense, job.rows.num_rows, size, snapshot_id))
-    return len(jobs), sum(file_sizes)
-
-
-@dataclass(frozen=True)
-class UpdateFileJob:
-    """One update file to write: ``rows`` (``_pos`` plus values) for ``data_file``, at ``path``."""
-
-    data_file: str
-    path: str
-    rows: pa.Table
-    dense: bool
-
-
-def write_update_files(ice: IcebergTable, jobs: list[UpdateFileJob], target: pa.Schema) -> list[int]:
-    """Write the update files of ``jobs`` in this process; returns their sizes in order.
-
-    Parquet encoding and the upload release the GIL, so the files of one commit
-    are written in parallel threads; every write has finished (or failed)
-    before this returns or raises. The default writer of
-    :func:`stage_update_files`; featurelake.ray passes one that writes them in
-    parallel Ray tasks.
-    """
-    return run_all(lambda job: write_job(ice, job, target), jobs, WRITE_THREADS)
-
-
-def write_job(ice: IcebergTable, job: UpdateFileJob, target: pa.Schema) -> int:
-    """Write one job's update file (positions only when it is not dense); returns its size."""
-    return write_update_file(ice, job.path, job.rows, target, _job_positions(job))
-
-
-def _job_positions(job: UpdateFileJob) -> pa.Array | None:
-    return None if job.dense else job.rows.column(LOCATOR_POS).combine_chunks()
-
-
-# Background uploads leave pool workers free: the state's pack uploads meanwhile (state.StateWriter.write),
-# not queued behind every update file.
-UPLOAD_THREADS = max(1, MAX_THREADS - 2)
-BACKGROUND_BYTES = 256 << 20  # up to this many input bytes, update files are encoded in memory and uploaded in the background
-
-
-def start_update_files(ice: IcebergTable, jobs: list[UpdateFileJob], target: pa.Schema) -> tuple[list[int], Pending | None]:
-    """Encode the update files of ``jobs`` now and start their uploads; returns (sizes, pending uploads).
-
-    The sizes (for the platform state) are known once the bytes are encoded,
-    so the state and the snapshot's manifest list are written while the
-    uploads run; the caller waits for them (``Pending.wait``) before the
-    catalog commit, and on any failure before deleting what was written.
-    Inputs larger than :data:`BACKGROUND_BYTES` are written as before
-    (:func:`write_update_files`, pending None): the encoded files are not
-    all held in memory at once.
-    """
-    if sum(job.rows.nbytes for job in jobs) > BACKGROUND_BYTES:
-        return write_update_files(ice, jobs, target), None
-    encoded = run_all(lambda job: encode_update_file(ice, job.rows, target, _job_positions(job)), jobs, WRITE_THREADS)
-    pending = start_all(lambda pair: upload_update_file(ice, pair[0].path, pair[1]), list(zip(jobs, encoded)), UPLOAD_THREADS)
-    return [b.size for b in encoded], pending
+        stored = updatefiles.write_update_files(ice, files, target)
+    total = 0
+    for jobs, layout in zip(files, stored):
+        for job, part in zip(jobs, layout):
+            writer.add(UpdateEntry(
+                job.data_file, job.path, seq, field_ids, job.dense, job.rows.num_rows, part.bytes, snapshot_id,
+                row_group=part.row_group, file_bytes=part.file_bytes,
+            ))
+        total += layout[0].file_bytes if layout[0].file_bytes is not None else layout[0].bytes
+    return len(parts), len(files), total
 
 
 def apply_column_updates(
@@ -567,7 +502,7 @@ def commit_update_files(
     props = {STATE_KEY: root_path, "featurelake.operation": "backfill", "featurelake.columns": ",".join(columns)}
     producer = tx.update_snapshot(snapshot_properties=props, branch=branch).fast_append()
     with staged_uploads() as pending:
-        files, total_bytes = stage_update_files(
+        touched, files, total_bytes = stage_update_files(
             table, ice, head, writer, producer.snapshot_id, rows, columns, tx.table_metadata.schema(), written, groups,
             write_files, pending,
         )
@@ -576,7 +511,7 @@ def commit_update_files(
     table._base = committed_table(tx, branch, report.snapshot_id)  # the next backfill starts from it
     remember_files(ice, head, report.snapshot_id, [])  # the same data files: the next write plans no manifests
     report.rows_updated = rows.num_rows if groups is None else sum(group.num_rows for _, group in groups)
-    report.data_files_touched = report.update_files = files
+    report.data_files_touched, report.update_files = touched, files
     report.bytes_written = total_bytes
     report.new_columns = new_columns
     return report

@@ -105,15 +105,15 @@ def upsert(table: "Table", data: Any, branch: str = refs.MAIN, *, write_files: U
 
         partition_sources = {new_schema.find_column_name(f.source_id) for f in ice.spec().fields}
         update_columns = [c for c in value_columns if c not in partition_sources]
-        update_files = update_bytes = 0
+        touched = update_files = update_bytes = 0
         with staged_uploads() as pending:
             if existing is not None and existing.num_rows and update_columns:
                 for part, columns in _keep_required(existing, update_columns, current):
-                    files, size = stage_update_files(
+                    parts, files, size = stage_update_files(
                         table, ice, head, writer, producer.snapshot_id, part, columns, new_schema, written,
                         write_files=write_files, pending=pending,
                     )
-                    update_files, update_bytes = update_files + files, update_bytes + size
+                    touched, update_files, update_bytes = touched + parts, update_files + files, update_bytes + size
             data_files = []
             if rows is not None:
                 new = write_rows_files(ice, rows, metadata=tx.table_metadata)
@@ -129,7 +129,7 @@ def upsert(table: "Table", data: Any, branch: str = refs.MAIN, *, write_files: U
         remember_files(ice, head, report.snapshot_id, data_files)  # the next write plans no manifests
         report.rows_updated = int(is_existing.sum())
         report.rows_inserted = inserts.num_rows
-        report.update_files = report.data_files_touched = update_files
+        report.update_files, report.data_files_touched = update_files, touched
         report.bytes_written = update_bytes + sum(f.file_size_in_bytes for f in data_files)
         report.columns = update_columns
         report.new_columns = new_columns

@@ -301,8 +301,10 @@ def test_compaction_equals_plain_pyiceberg(samples):
     t.append(impressions_table(50, days=1, seed=3).set_column(0, "sample_id", pa.array(range(10**12, 10**12 + 50), pa.int64())))
     merged = t.read().sort_by("sample_id")
     live = t.stats()["update_files"]
+    layers = t.scan().state.update_layers
     report = t.compact()
-    assert live == 4  # three day files from the dense backfill, one from the sparse one
+    assert layers == 4  # three day files from the dense backfill, one from the sparse one
+    assert live == 2  # each backfill's small layers share one update file
     assert report.update_files_folded == live and report.files_in >= 3
     assert t.stats()["update_files"] == 0
     assert t.read().sort_by("sample_id").equals(merged)

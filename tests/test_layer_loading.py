@@ -152,15 +152,28 @@ def _sparse_update_of(t, column: str) -> str:
     return next(e.update_file for e in t.scan().state.entries() if not e.dense and fid in e.field_ids)
 
 
+def _unpacked(monkeypatch) -> None:
+    """Every layer in an update file of its own (as before packing; large layers still are)."""
+    from featurelake import updatefiles
+
+    monkeypatch.setattr(updatefiles, "PACK_PART_BYTES", 0)
+
+
 @both_backends
-def test_a_garbage_update_file_fails_the_read_and_skips_cleanly(backend):
+@pytest.mark.parametrize("pack", [False, True], ids=["own-files", "packed"])
+def test_a_garbage_update_file_fails_the_read_and_skips_cleanly(backend, pack, monkeypatch):
+    """A damaged update file fails the reads of the data files whose layers it holds (a shared file:
+    all of them); under a budget exactly those data files are skipped and every row returned is right."""
+    if not pack:
+        _unpacked(monkeypatch)
     lake = backend.lake
     rng = np.random.default_rng(3)
     t, oracle, backfill = _build(lake, rng)
     backfill("a", 0.3, pa.float32())
     backfill("b", 0.3, pa.int64())
     bad = _sparse_update_of(t, "b")
-    data_file = next(e.data_file for e in t.scan().state.entries() if e.update_file == bad)
+    hit = {e.data_file for e in t.scan().state.entries() if e.update_file == bad}
+    assert len(hit) == (FILES if pack else 1)
     original = backend.read_bytes(bad)
     backend.overwrite(bad, b"PAR1" + b"\x00garbage" * (len(original) // 9) + b"PAR1")
     readfiles.forget_files([bad])
@@ -170,8 +183,8 @@ def test_a_garbage_update_file_fails_the_read_and_skips_cleanly(backend):
         list(t.batches(columns=["id", "b"]))
     # with a budget the bad data file is skipped: every row returned is right
     with pytest.warns(UserWarning, match="skipping bad file"):
-        got = t.read(columns=["id", "a", "b"], max_bad_file_ratio=0.5).sort_by("id")
-    expected_rows = FILES * PER_FILE - next(task.file.record_count for task in t.scan().tasks() if task.file.file_path == data_file)
+        got = t.read(columns=["id", "a", "b"], max_bad_file_ratio=1.0 if pack else 0.5).sort_by("id")
+    expected_rows = FILES * PER_FILE - sum(task.file.record_count for task in t.scan().tasks() if task.file.file_path in hit)
     assert got.num_rows == expected_rows
     ids = got.column("id").to_numpy()
     expected = oracle.table(["id", "a", "b"], ids)
@@ -182,20 +195,38 @@ def test_a_garbage_update_file_fails_the_read_and_skips_cleanly(backend):
     assert full.equals(oracle.table(["id", "a", "b"]).cast(full.schema))
 
 
-def test_update_file_positions_out_of_order_are_an_error_not_wrong_rows(lake, tmp_path):
+def _rewrite_row_groups(path: str, change) -> None:
+    """Rewrite ``path`` row group by row group (each through ``change(i, table)``), keeping its row groups."""
+    f = pq.ParquetFile(path)
+    groups = [change(i, f.read_row_group(i)) for i in range(f.num_row_groups)]
+    with pq.ParquetWriter(path + ".tmp", f.schema_arrow) as out:
+        for g in groups:
+            out.write_table(g, row_group_size=g.num_rows)
+    import os
+
+    os.replace(path + ".tmp", path)
+
+
+@pytest.mark.parametrize("pack", [False, True], ids=["own-files", "packed"])
+def test_update_file_positions_out_of_order_are_an_error_not_wrong_rows(lake, tmp_path, pack, monkeypatch):
+    if not pack:
+        _unpacked(monkeypatch)
     rng = np.random.default_rng(5)
     t, oracle, backfill = _build(lake, rng)
     backfill("a", 0.3, pa.float32())
     bad = _sparse_update_of(t, "a")
+    groups = pq.ParquetFile(bad).num_row_groups
+    assert groups == (FILES if pack else 1)
     table = pq.read_table(bad)  # _pos and values, field ids in the schema's metadata
-    shuffled = table.take(pa.array(rng.permutation(table.num_rows)))
-    pq.write_table(shuffled, bad)
+    shuffled_group = groups - 1  # the last data file's layer (the only one of an own file)
+    _rewrite_row_groups(bad, lambda i, g: g.take(pa.array(rng.permutation(g.num_rows))) if i == shuffled_group else g)
     readfiles.forget_files([bad])
     with pytest.raises(CorruptFileError, match="out of order"):
         t.read(columns=["id", "a"])
     with pytest.raises(CorruptFileError, match="out of order"):
         list(t.batches(columns=["id", "a"]))
-    pq.write_table(table, bad)
+    offsets = np.cumsum([0] + [pq.ParquetFile(bad).metadata.row_group(i).num_rows for i in range(groups)])
+    _rewrite_row_groups(bad, lambda i, g: table.slice(offsets[i], offsets[i + 1] - offsets[i]))
     readfiles.forget_files([bad])
     got = t.read(columns=["id", "a"]).sort_by("id")
     assert got.equals(oracle.table(["id", "a"]).cast(got.schema))
@@ -267,7 +298,7 @@ def test_forget_files_takes_locations_in_any_spelling(lake):
     assert not any(readfiles._names_path(k, set(files)) for k in readfiles.LAYERS.items)
 
 
-def test_small_update_files_read_whole_equal_the_kept_open_reader_and_pyarrow(lake):
+def test_small_update_files_read_whole_equal_the_kept_open_reader_and_pyarrow(lake, monkeypatch):
     """The small-file path (read in one call, parsed from memory, columns picked by leaf index) gives
     exactly what the kept-open reader gives and what pyarrow reads of the file by hand: flat and
     nested columns, several columns in one update file read one projection at a time, sparse and dense."""
@@ -276,6 +307,7 @@ def test_small_update_files_read_whole_equal_the_kept_open_reader_and_pyarrow(la
     from featurelake import openfiles
     from featurelake.layerload import POS_FIELD_ID, SMALL_LAYER_FILE_BYTES
 
+    _unpacked(monkeypatch)  # the paths of a whole update file (packed layers: test_packed_layers.py)
     n = 900
     rng = np.random.default_rng(23)
     schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("x", pa.float64())])
@@ -344,6 +376,7 @@ def test_flat_update_files_read_column_by_column_equal_pyarrow_and_the_table_pat
     from featurelake import layerload, openfiles
     from featurelake.layerload import POS_FIELD_ID
 
+    _unpacked(monkeypatch)  # the paths of a whole update file (packed layers: test_packed_layers.py)
     flat_calls = []
     decode_flat = layerload._decode_flat
     monkeypatch.setattr(layerload, "_decode_flat", lambda *a: flat_calls.append(1) or decode_flat(*a))

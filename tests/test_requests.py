@@ -151,13 +151,14 @@ def test_upsert_on_s3_reads_only_the_index_buckets_it_needs_and_requests_stay_fl
 
 
 def test_update_files_of_one_commit_are_written_in_parallel(lake, monkeypatch):
-    from featurelake import updates
+    from featurelake import updatefiles
 
+    monkeypatch.setattr(updatefiles, "PACK_PART_BYTES", 0)  # every layer its own file (packing: one file, see below)
     t = lake.create_table("ns.t", SCHEMA, primary_key="id")
     for lo in range(0, 4000, 1000):
         t.append(_rows(range(lo, lo + 1000)))  # four data files
     active, peak, lock = [0], [0], threading.Lock()
-    original = updates.upload_update_file
+    original = updatefiles.upload_update_file
 
     def slow_write(*args, **kwargs):
         with lock:
@@ -170,7 +171,7 @@ def test_update_files_of_one_commit_are_written_in_parallel(lake, monkeypatch):
             with lock:
                 active[0] -= 1
 
-    monkeypatch.setattr(updates, "upload_update_file", slow_write)
+    monkeypatch.setattr(updatefiles, "upload_update_file", slow_write)
     t.backfill(pa.table({"id": pa.array([5, 1005, 2005, 3005], pa.int64()), "x": [1.5, 2.5, 3.5, 4.5]}))
     assert t.last_update_report.update_files == 4
     assert peak[0] == 4
@@ -178,27 +179,30 @@ def test_update_files_of_one_commit_are_written_in_parallel(lake, monkeypatch):
     assert got["x"].to_pylist() == [1.5, 2.5, 3.5, 4.5]
 
 
-def test_a_failed_parallel_write_leaves_no_update_file_and_no_snapshot(lake, monkeypatch):
-    from featurelake import updates
+@pytest.mark.parametrize("pack", [False, True], ids=["own-files", "packed"])
+def test_a_failed_parallel_write_leaves_no_update_file_and_no_snapshot(lake, monkeypatch, pack):
+    from featurelake import updatefiles
 
+    if not pack:
+        monkeypatch.setattr(updatefiles, "PACK_PART_BYTES", 0)  # four files, the second fails
     t = lake.create_table("ns.t", SCHEMA, primary_key="id")
     for lo in range(0, 4000, 1000):
         t.append(_rows(range(lo, lo + 1000)))
     storage = table_storage(t.refresh())
     before_files = {f.uri for f in storage.list(t.refresh().location())}
     before_snapshot = t.refresh().current_snapshot().snapshot_id
-    original = updates.upload_update_file
+    original = updatefiles.upload_update_file
     calls = [0]
 
     def one_fails(ice, path, *args, **kwargs):
         size = original(ice, path, *args, **kwargs)  # its bytes are written, then the disk "fails"
         with threading.Lock():
             calls[0] += 1
-            if calls[0] == 2:
+            if calls[0] == (1 if pack else 2):  # packed: the one shared file
                 raise OSError("No space left on device")
         return size
 
-    monkeypatch.setattr(updates, "upload_update_file", one_fails)
+    monkeypatch.setattr(updatefiles, "upload_update_file", one_fails)
     with pytest.raises(StorageError):
         t.backfill(pa.table({"id": pa.array([5, 1005, 2005, 3005], pa.int64()), "x": [1.5, 2.5, 3.5, 4.5]}))
     assert {f.uri for f in storage.list(t.refresh().location())} == before_files
@@ -220,7 +224,8 @@ WIDE = pa.schema([pa.field("id", pa.int64(), nullable=False)] + [pa.field(f"c{i}
 
 
 def test_a_projected_read_on_s3_costs_at_most_two_requests_per_file(s3_lake, seaweed):
-    """5 of 9 columns from 4 data files and 4 update files: each file's footer and its projection, one GET each.
+    """5 of 9 columns from 4 data files and their 4 update layers (one shared update file): each file's
+    footer and its projection, one GET each (the small shared file: one GET for all its layers).
 
     The projected column chunks are coalesced into one ranged GET per file (the gaps of
     unread columns are cheaper than a request), and no HEAD is made: the sizes come from
@@ -234,7 +239,7 @@ def test_a_projected_read_on_s3_costs_at_most_two_requests_per_file(s3_lake, sea
     t.backfill(pa.table({"id": pa.array([5, 2005, 4005, 6005], pa.int64()), "c1": [-1.0, -2.0, -3.0, -4.0]}))
     stats = t.stats()
     files = stats["data_files"] + stats["update_files"]
-    assert files == 8, stats
+    assert files == 5, stats  # four layers in one shared update file (was four update files)
     columns = ["id", "c1", "c3", "c5", "c7"]
     expected = t.read(columns=columns)  # warms nothing the counted read needs: each read plans afresh
     with seaweed.counting() as requests:
@@ -290,8 +295,10 @@ def test_each_operation_costs_at_most_twice_its_floor_on_s3(s3_lake, seaweed):
     total, s3, _ = _counted(seaweed, s3_lake, lambda: t.upsert(changes))
     report = t.last_update_report
     added = t.stats()["data_files"] - files
-    assert report.update_files == DAYS and added == 1
-    costs["upsert"] = (total, report.update_files + added + 1, s3)
+    assert report.data_files_touched == DAYS and report.update_files == 1 and added == 1  # DAYS layers, one shared file
+    # a platform commit also writes its state root and manifest list (with one shared update file these
+    # fixed costs are most of it): files + those two + the commit
+    costs["upsert"] = (total, report.update_files + added + 3, s3)
     full_new = _events(new, lambda i: np.zeros_like(i)).to_pandas().set_index("id")
     full_new["x"] = -full_new.index.to_numpy() * 1.0
     full_new["y"] = np.nan  # an upsert inserting a key without a column leaves it null
@@ -302,8 +309,8 @@ def test_each_operation_costs_at_most_twice_its_floor_on_s3(s3_lake, seaweed):
     values = pa.table({"id": ids, "z": (ids % 5).astype(np.float32)})
     total, s3, _ = _counted(seaweed, s3_lake, lambda: t.backfill(values))
     report = t.last_update_report
-    assert report.update_files == DAYS + 1
-    costs["backfill"] = (total, report.update_files + 1, s3)
+    assert report.data_files_touched == DAYS + 1 and report.update_files == 1  # every layer in one shared file
+    costs["backfill"] = (total, report.update_files + 3, s3)
     oracle["z"] = (oracle.index.to_numpy() % 5).astype(np.float32)
 
     stats = t.stats()
@@ -349,16 +356,17 @@ def test_a_backfill_on_s3_costs_its_update_files_the_state_root_the_manifest_lis
         values = pa.table({"id": ids, "z": np.full(n, value, np.float32)})
         with seaweed.counting() as s3, counting_catalog_calls(s3_lake.catalog) as calls:
             t.backfill(values)
-        assert t.last_update_report.update_files == DAYS
+        assert t.last_update_report.update_files == 1 and t.last_update_report.data_files_touched == DAYS  # one shared file
         counts[run] = ({k: v for k, v in s3.items() if k != "total"}, dict(calls))
         got = t.read(columns=["id", "z"]).sort_by("id")
         assert got["id"].to_pylist() == ids.tolist() and set(got["z"].to_pylist()) == {value}
     one_commit = {"load_table": 1, "commit_table": 1}
     # after the read checking the first run, the metadata that read loaded is the base: the commit is the only catalog call
-    assert counts["warm"] == ({"PUT": DAYS + 2}, {"commit_table": 1}), counts  # was DAYS + 3 PUTs, a GET (a pack, the manifest) and a load
-    assert counts["first"] == ({"PUT": DAYS + 2, "GET_RANGE": 1}, one_commit), counts  # + the index segment, not cached yet
+    # the shared update file, the state root, the manifest list (was DAYS + 2 PUTs: one update file per data file)
+    assert counts["warm"] == ({"PUT": 1 + 2}, {"commit_table": 1}), counts  # was DAYS + 3 PUTs, a GET (a pack, the manifest) and a load
+    assert counts["first"] == ({"PUT": 1 + 2, "GET_RANGE": 1}, one_commit), counts  # + the index segment, not cached yet
     cold, calls = counts["cold"]
-    assert calls == one_commit and cold["PUT"] == DAYS + 2, counts
+    assert calls == one_commit and cold["PUT"] == 1 + 2, counts
     assert cold.get("GET", 0) + cold.get("GET_RANGE", 0) == 4 and set(cold) <= {"PUT", "GET", "GET_RANGE"}, counts
 
 
@@ -464,7 +472,8 @@ def test_a_commit_writes_its_state_in_one_pack_and_older_packs_never_leak(backen
     ice = t.refresh()
     state = t._state(ice, ice.current_snapshot())
     entries = state.by_data_file()
-    assert len(entries) == 12 and state.update_files == 13
+    assert len(entries) == 12 and state.update_layers == 13
+    assert state.update_files == 2  # the first commit's twelve layers share one update file
     assert sorted(len(es) for es in entries.values()) == [1] * 11 + [2]
     files = {backend.name_of(p) for p in state.shards.values()}
     assert files <= first | (state_files() - before - first)  # every shard names a file the two commits wrote
@@ -479,15 +488,18 @@ def test_a_commit_writes_its_state_in_one_pack_and_older_packs_never_leak(backen
 
 
 @both_backends
-def test_every_update_file_is_stored_before_the_commit_names_it(backend, monkeypatch):
+@pytest.mark.parametrize("pack", [False, True], ids=["own-files", "packed"])
+def test_every_update_file_is_stored_before_the_commit_names_it(backend, monkeypatch, pack):
     """Update files upload while the state and manifest list are written; the catalog commit waits for all of them."""
-    from featurelake import updates
+    from featurelake import updatefiles, updates
 
+    if not pack:
+        monkeypatch.setattr(updatefiles, "PACK_PART_BYTES", 0)
     lake = backend.lake
     t = lake.create_table("ns.t", SCHEMA, primary_key="id")
     for lo in range(0, 3000, 1000):
         t.append(_rows(range(lo, lo + 1000)))
-    original_upload, original_commit = updates.upload_update_file, updates.commit
+    original_upload, original_commit = updatefiles.upload_update_file, updates.commit
     done: list[str] = []
     at_commit: list[list[str]] = []
 
@@ -501,10 +513,10 @@ def test_every_update_file_is_stored_before_the_commit_names_it(backend, monkeyp
         at_commit.append(list(done))
         return original_commit(tx, branch)
 
-    monkeypatch.setattr(updates, "upload_update_file", slow_upload)
+    monkeypatch.setattr(updatefiles, "upload_update_file", slow_upload)
     monkeypatch.setattr(updates, "commit", checked_commit)
     t.backfill(pa.table({"id": pa.array([5, 1005, 2005], pa.int64()), "x": [1.5, 2.5, 3.5]}))
-    assert len(at_commit) == 1 and sorted(at_commit[0]) == sorted(done) and len(done) == 3
+    assert len(at_commit) == 1 and sorted(at_commit[0]) == sorted(done) and len(done) == (1 if pack else 3)
     got = t.read(filter="id in (5, 1005, 2005)").sort_by("id")
     assert got["x"].to_pylist() == [1.5, 2.5, 3.5]
 

@@ -131,10 +131,11 @@ def test_run_demo_smoke(tmp_path, monkeypatch):
     # maintenance: the sensor's logic requested compaction of main, it folded the labels
     maint = summary["maintenance"]
     assert "ml.samples|main" in maint["requested"] and maint["compacted"] == "ml.samples|main"
-    # main's update files when maintenance starts: one per data file for the labels, one per data
-    # file for the research feature merged into main, and the late labels' own
+    # main's update files when maintenance starts: the labels' (each day's commit packs its small layers
+    # into one shared file), the research feature merged into main (its one commit's shared file), and
+    # the late labels' own
     main_updates = summary["storage"]["main"]["update_files"]
-    assert main_updates == 2 * labels["table_update_files"] + late["update_files"]
+    assert main_updates == labels["table_update_files"] + 1 + late["update_files"]
     assert maint["requested_again"] == 0 and maint["update_files_folded"] == main_updates
     grid = maint["compaction ml.samples|main"]
     assert grid["before"]["update_files"] == main_updates and grid["after"]["update_files"] == 0

@@ -226,9 +226,10 @@ def test_sensor_triggers_on_update_layers_per_branch(daemon, table):
     [run] = daemon.runs()
     assert run.status == DagsterRunStatus.SUCCESS and "update layers 2 >= 2" in run.tags["featurelake/reason"]
     md = _compaction_metadata(daemon.instance, run.run_id)
-    assert md["update_files_folded"] == 4 and md["max_update_layers_after"] == 0
+    # four layers (two backfills x two data files), each backfill's in one shared update file
+    assert md["update_files_folded"] == 2 and md["max_update_layers_after"] == 0
     assert table.read(columns=["score"], branch="research/ctr")["score"].to_pylist() == [2.0] * 100
-    assert table.stats(branch="main")["update_files"] == 2  # main untouched
+    assert table.stats(branch="main")["update_files"] == 1 and table.stats(branch="main")["max_update_layers"] == 1  # main untouched
 
 
 def test_thresholds_from_env_and_cursor_reset(monkeypatch, instance, resource, table):

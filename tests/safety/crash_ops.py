@@ -94,8 +94,9 @@ def base_oracles() -> dict[str, pa.Table]:
 
 # ----------------------------------------------------------------------------- operations
 APPENDED = rows(range(400, 450), s="n")
-BACKFILLED = (range(100, 150), lambda i: 7)
-UPSERTED = rows(range(280, 320), v=lambda i: i + 5, s="x")
+BACKFILLED = (range(150, 250), lambda i: 7)  # rows of A1 and A2: two small layers in one shared update file
+# rows of A1 and A2 (two small sparse layers: one shared update file), all of U1's new file (dense), new keys
+UPSERTED = rows([*range(190, 210), *range(280, 320)], v=lambda i: i + 5, s="x")
 
 
 def run(where: "str | Path | dict", kind: str, names: dict) -> None:
