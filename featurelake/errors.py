@@ -154,8 +154,13 @@ class CorruptFileError(FeatureLakeError):
         super().__init__(message)
 
 
+class UnsupportedFormatError(FeatureLakeError):
+    """A file written by a newer featurelake in a format this one does not read: upgrade to read it."""
+
+
 __all__ = [
     "FeatureLakeError",
+    "UnsupportedFormatError",
     "SnapshotMovedError",
     "SchemaMismatchError",
     "PrimaryKeyError",

@@ -42,7 +42,7 @@ import threading
 import uuid
 import zlib
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -50,7 +50,7 @@ from pyiceberg.io import FileIO
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
 
-from featurelake.errors import CorruptFileError
+from featurelake.errors import CorruptFileError, UnsupportedFormatError
 from featurelake.lru import LRU
 from featurelake.refs import ancestors
 from featurelake.storage import storage_of
@@ -63,6 +63,11 @@ PENDING_FILES_KEY = "featurelake.pending-update-files"
 PENDING_LAYERS_KEY = "featurelake.pending-update-layers"
 N_SHARDS = 64
 FORMAT = 2
+# A root whose state holds layers that are row groups of shared update files says format 3: a featurelake
+# that predates them would read such a file whole as one layer, so each reader refuses a format newer than
+# it knows (the versions before packing checked no format, which is why a packed lake must not be downgraded).
+PACKED_FORMAT = 3
+READ_FORMAT = PACKED_FORMAT
 INLINE_ENTRIES = 1024  # a commit's changed entries go into its root up to this many (else a separate pack)
 _ROOT_META = b"featurelake.state"  # the footer key holding a format-2 root's JSON
 
@@ -350,7 +355,7 @@ class StateWriter:
                     shards[shard]["size"] = encoded.size
         shared = self._shared_after(changed)
         root = {
-            "format": FORMAT,
+            "format": PACKED_FORMAT if shared else FORMAT,
             "next_seq": self.next_seq,
             "shards": {str(k): v for k, v in sorted(shards.items())},
             "index": self.index_segments,
@@ -411,6 +416,7 @@ def _load_root(io: FileIO, path: str, size: int | None = None) -> PlatformState:
             data = _root_bytes(io, path, size)
             text, entries = _decode_root(data)
             raw = json.loads(text)
+            _check_format(raw.get("format", 1), path)
             shard_info = {int(k): _shard_info(v) for k, v in raw["shards"].items()}
             if entries is not None:  # format 2: the root holds its commit's shards, and now its size is known
                 _SHARD_CACHE.put(path, entries)
@@ -428,6 +434,14 @@ def _load_root(io: FileIO, path: str, size: int | None = None) -> PlatformState:
             raise CorruptFileError(f"platform state file {path} is missing or unreadable: {e!r}", path) from e
         _ROOT_CACHE.put(path, cached)
     return replace(cached, io=io)
+
+
+def _check_format(fmt: Any, path: str) -> None:
+    if not isinstance(fmt, int) or fmt > READ_FORMAT:
+        raise UnsupportedFormatError(
+            f"platform state file {path} has format {fmt!r}; this featurelake reads formats up to {READ_FORMAT}: "
+            "the table was written by a newer featurelake, upgrade to read it"
+        )
 
 
 def _root_bytes(io: FileIO, path: str, size: int | None) -> bytes:

@@ -285,3 +285,30 @@ def test_shared_files_above_the_whole_read_size_are_read_by_row_group(backend, m
     _check(t, oracle)
     subset = t.read(columns=["id", "w"], filter=f"id < {PER_FILE}").to_pandas().set_index("id").sort_index()
     pd.testing.assert_series_equal(subset["w"], oracle["w"].loc[: PER_FILE - 1], check_dtype=False)
+
+
+def test_a_state_with_shared_files_says_format_3_and_a_newer_format_is_refused(lake, tmp_path):
+    """A featurelake that predates packing would read a shared file whole as one layer; a root holding
+    shared layers therefore says format 3, and every reader refuses a format newer than it knows."""
+    from featurelake.errors import UnsupportedFormatError
+    import json
+
+    t, oracle = _table(lake)
+    _backfill(t, oracle, "x", np.arange(0, N, 3), np.arange(0, N, 3) * 2.0)
+    io = t.iceberg.io
+
+    def root(path):
+        text, entries = state._decode_root(state._root_bytes(io, path, None))
+        return json.loads(text), entries
+
+    raw, entries = root(t.scan().state.root_path)
+    assert raw["format"] == state.PACKED_FORMAT == 3 and raw["shared"]
+    newer = tmp_path / "root-from-the-future.parquet"
+    flat = [e for es in (entries or {}).values() for e in es]
+    newer.write_bytes(state._encode_entries(flat, json.dumps({**raw, "format": 99})).to_pybytes())
+    with pytest.raises(UnsupportedFormatError, match="format 99"):
+        state._load_root(io, str(newer))
+    t.compact()  # no shared layer left: the state says the format before packing again
+    raw, _ = root(t.scan().state.root_path)
+    assert raw["format"] == state.FORMAT == 2 and "shared" not in raw
+    _check(t, oracle)
