@@ -43,8 +43,8 @@ REMOTE_THREADS = 16  # files in flight on an object store, where each read waits
 SMALL_LAYER_FILE_BYTES = 4 << 20  # a local update file up to this size is read in one call and parsed from memory
 SHARED_WHOLE_BYTES = 8 << 20  # a shared update file up to this size is read whole once per read (locally, and in one GET)
 SHARED_OPEN = 8  # shared update files one read keeps open at a time (SharedFiles)
-_CHANGED_RETRIES = 3
-_TRANSIENT_RETRIES = 3  # times a remote shared update file is fetched again after a transient error  # times a local update file replaced between its stat and its open is stat'ed again
+_CHANGED_RETRIES = 3  # times a local update file replaced between its stat and its open is stat'ed again
+_TRANSIENT_RETRIES = 3  # times a remote shared update file is fetched again after a transient error
 _INT64 = pa.int64()
 
 class LayerLoading:
