@@ -60,7 +60,7 @@ def _as_format_1(backend, path: str) -> None:
 
 
 def test_tables_written_in_format_1_stay_readable_and_writable(backend, monkeypatch, fresh_process):
-    """A table whose every state root is format 1 reads, time-travels, takes new commits (format-2
+    """A table whose every state root is format 1 reads, time-travels, takes new commits (current-format
     roots naming format-1 packs), compacts and collects garbage exactly as the oracle says."""
     monkeypatch.setattr(state, "INLINE_ENTRIES", -1)  # packs beside the roots, as format 1 wrote them
     t = backend.lake.create_table("ns.old", SCHEMA, primary_key="id")
@@ -96,7 +96,7 @@ def test_tables_written_in_format_1_stay_readable_and_writable(backend, monkeypa
     t.backfill(pa.table({"id": pa.array([1, 2000], pa.int64()), "x": [7.0, 8.0]}))  # one shard touched, the rest inherited
     oracle.loc[[1, 2000], "x"] = [7.0, 8.0]
     (new_root,) = _roots(backend) - roots
-    assert _root_format(backend, new_root) == 2
+    assert _root_format(backend, new_root) == state.PACKED_FORMAT  # it lists the earlier commits' shared update files
     fresh_process()
     _equal(_frame(t), oracle)
     ice = t.refresh()

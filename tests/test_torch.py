@@ -142,33 +142,6 @@ def test_to_device_moves_a_worker_batch_in_one_copy_with_the_same_values(impress
     assert len({v.untyped_storage().data_ptr() for v in one.values() if isinstance(v, torch.Tensor)}) == 1
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: runs where a GPU is present")
-def test_dataloader_feeds_a_cuda_model_and_the_loss_falls(impressions):
-    """Workers' batches moved to the GPU with one copy each train a model there; every row arrives once."""
-    from featurelake.torch import to_device
-
-    ds = TrainingDataset(impressions, columns=["sample_id"] + FEATURES + ["click"], batch_size=256, seed=2)
-    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).cuda()
-    opt = torch.optim.Adam(model.parameters(), lr=0.02)
-    losses, seen = [], []
-    for epoch in range(2):
-        ds.set_epoch(epoch)
-        for b in loader:
-            g = to_device(b, "cuda", pin=True)
-            x = torch.nan_to_num(torch.stack([g[f] for f in FEATURES], dim=1))
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(model(x).squeeze(1), g["click"].float())
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-            if epoch == 0:
-                seen += g["sample_id"].cpu().tolist()
-    assert sorted(seen) == sorted(impressions.read(columns=["sample_id"]).column("sample_id").to_pylist())
-    assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:5])
-
-
 def test_stateful_dataloader_resumes_without_repeating_or_skipping(impressions):
     sdl = pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata is not installed")
     expected = sorted(impressions.read(columns=["sample_id"]).column("sample_id").to_pylist())
@@ -192,22 +165,31 @@ def test_stateful_dataloader_resumes_without_repeating_or_skipping(impressions):
     assert sorted(got) == expected  # no row repeated or skipped
 
 
-def test_two_layer_model_loss_falls(impressions):
-    ds = TrainingDataset(impressions, columns=FEATURES + ["click"], batch_size=256, seed=1)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device: runs where a GPU is present"))])
+def test_two_layer_model_loss_falls(impressions, device):
+    """Loader workers' batches train a model (on a GPU: moved there in one copy each); every row arrives once."""
+    from featurelake.torch import to_device
+
+    ds = TrainingDataset(impressions, columns=["sample_id"] + FEATURES + ["click"], batch_size=256, seed=1)
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=0.02)
-    losses = []
+    losses, seen = [], []
     for epoch in range(2):
         ds.set_epoch(epoch)
         for b in loader:
-            x = torch.nan_to_num(torch.stack([b[f] for f in FEATURES], dim=1))
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(model(x).squeeze(1), b["click"].float())
+            g = to_device(b, device, pin=device == "cuda")
+            x = torch.nan_to_num(torch.stack([g[f] for f in FEATURES], dim=1))
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(model(x).squeeze(1), g["click"].float())
             opt.zero_grad()
             loss.backward()
             opt.step()
             losses.append(loss.item())
+            if epoch == 0:
+                seen += g["sample_id"].cpu().tolist()
+    assert sorted(seen) == sorted(impressions.read(columns=["sample_id"]).column("sample_id").to_pylist())
     assert len(losses) >= 40
     assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:5])
 
