@@ -49,8 +49,11 @@ before it).
 
 A real PyTorch training loop (when torch is installed): the synthetic
 impressions (8 float features, ``click``), ``TrainingDataset`` through
-``DataLoader(num_workers=2)``, a two-layer model (8-16-1, Adam, weighted BCE),
-one epoch per repetition on CPU, ``torch.set_num_threads(1)``. Reported: rows/s of the loader alone, of the
+``DataLoader(num_workers=0)`` (in process: the reader decodes and shuffles on
+its own threads) and ``DataLoader(num_workers=2)`` (two worker processes, each
+batch sent to this one through shared memory), a two-layer model (8-16-1, Adam,
+BCE) trained afresh for each, one epoch per repetition on CPU,
+``torch.set_num_threads(1)``. Reported: rows/s of the loader alone, of the
 whole loop (read, tensors, forward, backward, step), and the loss of the first
 and last batches. Shuffle quality (distinct source files per batch,
 correlation of stream position with key) is measured for the reader, for the
@@ -213,50 +216,66 @@ def _torch_loop(cfg: Config, lake) -> dict[str, Any]:
     for i in range(files):  # one data file per day
         t.append(table.slice(i * rows // files, (i + 1) * rows // files - i * rows // files))
     data = TrainingDataset(t, columns=TORCH_FEATURES + ["click"], batch_size=TORCH_BATCH, seed=cfg.seed)
-    loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=2, persistent_workers=False)
-    torch.manual_seed(cfg.seed)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    losses: list[float] = []
+    modes = {"in_process": 0, "2workers": 2}  # DataLoader(num_workers=...): 0 reads on the reader's own threads
+    loaders = {m: torch.utils.data.DataLoader(data, batch_size=None, num_workers=n, persistent_workers=False)
+               for m, n in modes.items()}
+    models, losses = {}, {}
+    for mode in modes:  # the same model, trained afresh per mode
+        torch.manual_seed(cfg.seed)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+        models[mode] = (model, torch.optim.Adam(model.parameters(), lr=0.01))
+        losses[mode] = []
 
-    def train_epoch() -> int:
+    def train_epoch(mode: str) -> int:
+        model, opt = models[mode]
         n = 0
-        for b in loader:
+        for b in loaders[mode]:
             x = torch.nan_to_num(torch.stack([b[f] for f in TORCH_FEATURES], dim=1))
             loss = torch.nn.functional.binary_cross_entropy_with_logits(model(x).squeeze(1), b["click"].float())
             opt.zero_grad()
             loss.backward()
             opt.step()
-            losses.append(loss.item())
+            losses[mode].append(loss.item())
             n += len(x)
         return n
 
-    def load_epoch() -> int:
-        return sum(len(b["click"]) for b in loader)
+    def load_epoch(mode: str) -> int:
+        return sum(len(b["click"]) for b in loaders[mode])
 
-    timings = {"torch_loader_2workers": Timing(), "torch_training_loop_2workers": Timing()}
+    timings = {f"torch_{kind}_{mode}": Timing() for mode in modes for kind in ("loader", "training_loop")}
     threads = torch.get_num_threads()
-    # One intra-op thread: the two loader workers have the other core, and a tiny model gains nothing from
-    # more; with 2 threads on this shared 2-core machine a step took 26 ms instead of 1.3 (OpenMP waits).
+    # One intra-op thread: the reader's threads (or the two loader workers) have the other core, and a tiny
+    # model gains nothing from more; with 2 threads on this shared 2-core machine a step took 26 ms instead of
+    # 1.3 (OpenMP waits).
     torch.set_num_threads(1)
+    counts = set()
     try:
         for rep in range(cfg.repeat):
             data.set_epoch(rep)
-            _, n_load = timed(load_epoch, timings["torch_loader_2workers"])
-            _, n_train = timed(train_epoch, timings["torch_training_loop_2workers"])
-            if n_load != n_train:
-                raise AssertionError(f"the loader gave {n_load} rows, the loop trained on {n_train}")
+            for mode in (modes if rep % 2 == 0 else list(modes)[::-1]):
+                _, n_load = timed(lambda: load_epoch(mode), timings[f"torch_loader_{mode}"])
+                _, n_train = timed(lambda: train_epoch(mode), timings[f"torch_training_loop_{mode}"])
+                counts |= {n_load, n_train}
+        if counts != {rows}:
+            raise AssertionError(f"the loaders gave {sorted(counts)} rows an epoch, expected {rows}")
     finally:
         torch.set_num_threads(threads)
-    first, last = float(np.mean(losses[:10])), float(np.mean(losses[-10:]))
-    if not last < first:
-        raise AssertionError(f"the loss did not fall: {first:.4f} -> {last:.4f}")
+    loss = {}
+    for mode, values in losses.items():
+        first, last = float(np.mean(values[:10])), float(np.mean(values[-10:]))
+        if not last < first:
+            raise AssertionError(f"the loss did not fall ({mode}): {first:.4f} -> {last:.4f}")
+        loss[mode] = {"first_10_batches": round(first, 4), "last_10_batches": round(last, 4)}
+    rates = {k: {**tm.as_dict(), "rows_per_s": round(rows / tm.median)} for k, tm in timings.items()}
     return {
-        "rows": n_train,
+        "rows": rows,
         "batch_size": TORCH_BATCH,
-        "rates": {k: {**tm.as_dict(), "rows_per_s": round(n_train / tm.median)} for k, tm in timings.items()},
-        "loss_first_10_batches": round(first, 4),
-        "loss_last_10_batches": round(last, 4),
+        "rates": rates,
+        "in_process_over_2workers": {
+            kind: round(rates[f"torch_{kind}_in_process"]["rows_per_s"] / rates[f"torch_{kind}_2workers"]["rows_per_s"], 3)
+            for kind in ("loader", "training_loop")
+        },
+        "loss": loss,
         "torch": torch.__version__,
         "torch_threads": 1,
     }
@@ -402,6 +421,8 @@ def _summary(result: dict[str, Any], path) -> None:
     else:
         for name, r in loop["rates"].items():
             print(f"  {name:<30} {fmt_rate(r['rows_per_s'])} (median epoch)")
-        print(f"  loss {loop['loss_first_10_batches']} -> {loop['loss_last_10_batches']}")
+        print(f"  in-process / 2 workers: {loop['in_process_over_2workers']}")
+        for mode, loss in loop["loss"].items():
+            print(f"  loss ({mode}) {loss['first_10_batches']} -> {loss['last_10_batches']}")
     print_goals(result["goals"])
     print(f"  -> {path}")

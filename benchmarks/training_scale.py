@@ -21,7 +21,10 @@ batches of ``BATCH`` rows, the consumer counting rows:
 Ratios are paired medians over interleaved repetitions (the order alternates).
 
 With torch: ``TrainingDataset`` (all features and the key, batch
-``TORCH_BATCH``) through ``DataLoader(num_workers=N, batch_size=None)``:
+``TORCH_BATCH``) through ``DataLoader(batch_size=None)``, once with
+``num_workers=0`` (``in_process``: the reader's own threads decode and
+shuffle) and once with ``num_workers=N`` (worker processes; each batch
+reaches this process through shared memory):
 
 * ``loader``: the batches on the host (rows/s into the training process);
 * ``loader_to_cuda``: each batch moved to the GPU with
@@ -88,64 +91,76 @@ def _torch_runs(t, cfg: Config, n_workers: int) -> dict[str, Any]:
         return {"skipped": f"torch is not installed ({e})"}
     features = feature_names(cfg.columns)
     data = TrainingDataset(t, columns=[KEY, *features], batch_size=TORCH_BATCH, seed=cfg.seed)
+    modes = {"in_process": 0, f"{n_workers}workers": n_workers}  # DataLoader(num_workers=...)
 
-    def loader():
-        return torch.utils.data.DataLoader(data, batch_size=None, num_workers=n_workers, prefetch_factor=4)
+    def loader(mode: str):
+        n = modes[mode]
+        return torch.utils.data.DataLoader(data, batch_size=None, num_workers=n, prefetch_factor=4 if n else None)
 
-    runs: dict[str, Callable[[], int]] = {"loader": lambda: sum(len(b[KEY]) for b in loader())}
+    runs: dict[str, Callable[[], int]] = {
+        f"loader_{mode}": (lambda mode=mode: sum(len(b[KEY]) for b in loader(mode))) for mode in modes
+    }
     out: dict[str, Any] = {"torch": torch.__version__, "workers": n_workers, "batch_size": TORCH_BATCH}
-    losses: list[float] = []
+    losses: dict[str, list] = {}
     if torch.cuda.is_available():
         dev = torch.device("cuda")
         out["gpu"] = torch.cuda.get_device_name(0)
-        torch.manual_seed(cfg.seed)
-        model = torch.nn.Sequential(torch.nn.Linear(len(features), 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).to(dev)
-        opt = torch.optim.Adam(model.parameters(), lr=0.01)
 
-        def to_cuda() -> int:
+        def to_cuda(mode: str) -> int:
             n = 0
-            for b in loader():
+            for b in loader(mode):
                 g = to_device(b, dev, pin=True)
                 n += len(g[KEY])
             torch.cuda.synchronize()
             return n
 
-        def train() -> int:
-            n = 0
-            for b in loader():
-                g = to_device(b, dev, pin=True)
-                x = torch.nan_to_num(torch.stack([g[f].float() for f in features], dim=1))
-                y = (g[features[0]] > 0).float()
-                loss = torch.nn.functional.binary_cross_entropy_with_logits(model(x).squeeze(1), y)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                losses.append(loss.detach())
-                n += len(x)
-            torch.cuda.synchronize()
-            return n
+        def trainer(mode: str) -> Callable[[], int]:
+            torch.manual_seed(cfg.seed)  # the same model, trained afresh per mode
+            model = torch.nn.Sequential(torch.nn.Linear(len(features), 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).to(dev)
+            opt = torch.optim.Adam(model.parameters(), lr=0.01)
+            losses[mode] = []
 
-        runs["loader_to_cuda"] = to_cuda
-        runs["training_loop_cuda"] = train
+            def train() -> int:
+                n = 0
+                for b in loader(mode):
+                    g = to_device(b, dev, pin=True)
+                    x = torch.nan_to_num(torch.stack([g[f].float() for f in features], dim=1))
+                    y = (g[features[0]] > 0).float()
+                    loss = torch.nn.functional.binary_cross_entropy_with_logits(model(x).squeeze(1), y)
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+                    losses[mode].append(loss.detach())
+                    n += len(x)
+                torch.cuda.synchronize()
+                return n
+
+            return train
+
+        for mode in modes:
+            runs[f"loader_to_cuda_{mode}"] = lambda mode=mode: to_cuda(mode)
+            runs[f"training_loop_cuda_{mode}"] = trainer(mode)
     else:
         out["cuda"] = "not available: loader_to_cuda and training_loop_cuda skipped"
     timings = {name: Timing() for name in runs}
+    names = list(runs)
     for rep in range(cfg.repeat):
         data.set_epoch(rep)
-        for name, fn in runs.items():
+        for name in names if rep % 2 == 0 else names[::-1]:
             t0 = time.perf_counter()
-            rows = fn()
+            rows = runs[name]()
             timings[name].add(time.perf_counter() - t0)
             if rows != cfg.rows:
                 raise AssertionError(f"torch {name} gave {rows} rows, expected {cfg.rows}")
     out["rates"] = {name: {**tm.as_dict(), "rows_per_s": round(cfg.rows / tm.best),
                            "median_rows_per_s": round(cfg.rows / tm.median)} for name, tm in timings.items()}
-    if losses:
-        values = [float(v) for v in losses]
-        first, last = float(np.mean(values[:10])), float(np.mean(values[-10:]))
+    out["loss"] = {}
+    for mode, values in losses.items():
+        floats = [float(v) for v in values]
+        first, last = float(np.mean(floats[:10])), float(np.mean(floats[-10:]))
         if not last < first:
-            raise AssertionError(f"the loss did not fall: {first:.4f} -> {last:.4f}")
-        out["loss_first_10_batches"], out["loss_last_10_batches"] = round(first, 4), round(last, 4)
+            raise AssertionError(f"the loss did not fall ({mode}): {first:.4f} -> {last:.4f}")
+        out["loss"][mode] = {"first_10_batches": round(first, 4), "last_10_batches": round(last, 4)}
     return out
 
 
@@ -198,8 +213,8 @@ def run(cfg: Config) -> dict[str, Any]:
     if "rates" in torch_runs:
         for name, r in torch_runs["rates"].items():
             print(f"  torch {name:<22} {fmt_rate(r['rows_per_s'])} best, {fmt_rate(r['median_rows_per_s'])} median")
-        if "loss_first_10_batches" in torch_runs:
-            print(f"  loss {torch_runs['loss_first_10_batches']} -> {torch_runs['loss_last_10_batches']}")
+        for mode, loss in torch_runs.get("loss", {}).items():
+            print(f"  loss ({mode}) {loss['first_10_batches']} -> {loss['last_10_batches']}")
     else:
         print(f"  torch: {torch_runs.get('skipped')}")
     print_goals(goals)

@@ -1,6 +1,6 @@
 """PyTorch: an ``IterableDataset`` over :class:`featurelake.training.TrainingReader`.
 
-Why: a training job wants tensors from ``DataLoader(num_workers=N)`` under
+Why: a training job wants tensors from a ``DataLoader`` under
 ``torch.distributed``, resumable with ``torchdata.stateful_dataloader``. The
 sharding, shuffle, sampling and resume logic all live in the framework-free
 reader; this module only places each copy of the dataset (rank from
@@ -8,9 +8,14 @@ reader; this module only places each copy of the dataset (rank from
 batches to tensors.
 
 The dataset yields whole batches (dicts of tensors), so the loader takes
-``batch_size=None``. In a loader worker a batch's tensors are views of one
-buffer, so each batch crosses to the main process as one shared-memory
-segment, not one per column (3.6x the loader's rows/s with 9 columns). Columns convert as:
+``batch_size=None``. ``num_workers=0`` is the fast default: the reader decodes
+and shuffles on its own threads, and a worker process would add a hand-over
+per batch (a shared-memory segment passed over a socket) that costs the
+training process more than reading the batch (``benchmarks/training.py``
+measures both). With workers, each copy reads its share of the rows. A
+batch's numeric tensors are views of one buffer, so it crosses from a worker
+as one segment, not one per column (3.6x the loader's rows/s with 9
+columns), and moves to a GPU in one copy. Columns convert as:
 
 * numbers and booleans: a 1-D tensor (nulls become NaN for floats, 0 for
   integers and booleans); timestamps: int64 microseconds;
@@ -113,8 +118,8 @@ def _one_storage(tensors: dict[str, Any]) -> dict[str, Any]:
     travel as one segment.
     """
     items = [(k, v) for k, v in tensors.items() if isinstance(v, torch.Tensor) and v.numel()]
-    if len(items) < 2:
-        return tensors
+    if len(items) < 2 or len({v.untyped_storage().data_ptr() for _, v in items}) == 1:
+        return tensors  # at most one storage already (plain numeric columns: see to_tensors)
     offsets, total = [], 0
     for _, v in items:
         total = -(-total // 8) * 8  # every view starts 8-byte aligned
@@ -166,11 +171,86 @@ def _distributed() -> tuple[int, int]:
 
 
 def to_tensors(batch: pa.RecordBatch, lists: str = "padded", pad_value: int | float = 0) -> dict[str, Any]:
-    """One Arrow batch as a dict of tensors (see the module docstring for the layout)."""
+    """One Arrow batch as a dict of tensors (see the module docstring for the layout).
+
+    The plain numeric columns (one value per row) are copied straight into
+    views of one buffer: one copy per column, and a batch that a loader worker
+    sends or :func:`to_device` moves as one storage. Tensors never share memory
+    with the Arrow batch, so changing one in place cannot change the data read.
+    """
+    plan = _plan(batch.schema)
     out: dict[str, Any] = {}
-    for name, col in zip(batch.schema.names, batch.columns):
-        _convert(out, name, col, lists, pad_value)
+    n = batch.num_rows
+    plain: list[tuple[str, pa.Array, np.dtype, bool, int]] = []
+    sizes: list[int] = []
+    for i, (name, dtype, direct) in enumerate(plan):
+        col = batch.column(i)
+        if dtype is None:
+            _convert(out, name, col, lists, pad_value)
+            continue
+        out[name] = None  # keeps the column order; filled below
+        nbytes = n * dtype.itemsize
+        plain.append((name, col, dtype, direct, len(sizes)))
+        sizes.append(nbytes)
+        if nbytes % 8:
+            sizes.append(8 - nbytes % 8)  # every view starts 8-byte aligned
+    if len(plain) == 1:
+        name, col, _, _, _ = plain[0]
+        out[name] = torch.from_numpy(_numpy(col, pad_value))
+    elif plain:
+        buffer = np.empty(sum(sizes), np.uint8)
+        views = torch.split(torch.from_numpy(buffer), sizes)  # views of one storage
+        start = 0
+        for name, col, dtype, direct, k in plain:
+            nbytes = sizes[k]
+            target = buffer[start : start + nbytes].view(dtype)
+            if direct and not col.null_count:
+                target[:] = np.frombuffer(col.buffers()[1], dtype=dtype, count=n, offset=col.offset * dtype.itemsize)
+            else:
+                target[:] = _values(col, pad_value)
+            out[name] = views[k].view(_TORCH_DTYPES[dtype])
+            start += nbytes + (-nbytes % 8)
     return out
+
+
+# numpy dtype -> torch dtype of the plain columns (unsigned 16-64 bit integers only in newer torch releases)
+_TORCH_DTYPES = {np.dtype(k): v for k, v in (
+    (np.bool_, torch.bool), (np.int8, torch.int8), (np.uint8, torch.uint8), (np.int16, torch.int16),
+    (np.int32, torch.int32), (np.int64, torch.int64), (np.float32, torch.float32), (np.float64, torch.float64),
+)} | {np.dtype(k): getattr(torch, k) for k in ("uint16", "uint32", "uint64") if hasattr(torch, k)}
+_PLANS: list[tuple[pa.Schema, list[tuple[str, np.dtype | None, bool]]]] = []  # the last schemas converted
+
+
+def _plan(schema: pa.Schema) -> list[tuple[str, np.dtype | None, bool]]:
+    """Per column: its name, its plain dtype (None: converted by :func:`_convert`), and whether the
+    values can be viewed straight from its data buffer when it has no nulls. Kept for the last few
+    schemas (a reader's batches share one, and comparing equal schemas is a pointer check)."""
+    for known, plan in _PLANS:
+        if known == schema:
+            return plan
+    plan = []
+    for field in schema:
+        dtype = _plain_dtype(field.type)
+        direct = dtype is not None and not pa.types.is_temporal(field.type) and not pa.types.is_boolean(field.type) \
+            and dtype.itemsize == field.type.byte_width
+        plan.append((field.name, dtype, direct))
+    _PLANS.insert(0, (schema, plan))
+    del _PLANS[4:]
+    return plan
+
+
+def _plain_dtype(t: pa.DataType) -> np.dtype | None:
+    """The numpy dtype a one-value-per-row numeric column becomes (see :func:`_numpy`); None for the others."""
+    if pa.types.is_temporal(t):
+        return np.dtype(np.int64)
+    if pa.types.is_float16(t):
+        return np.dtype(np.float32)
+    if pa.types.is_boolean(t):
+        return np.dtype(np.bool_)
+    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        dtype = np.dtype(t.to_pandas_dtype())
+        return dtype if dtype in _TORCH_DTYPES else None
+    return None
 
 
 def _convert(out: dict[str, Any], name: str, col: pa.Array, lists: str, pad_value: int | float) -> None:
@@ -225,6 +305,11 @@ def _numeric(t: pa.DataType) -> bool:
 
 def _numpy(arr: pa.Array, pad_value: int | float) -> np.ndarray:
     """A writable numpy copy: floats keep NaN for nulls, the rest get ``pad_value``; times are int64."""
+    return np.array(_values(arr, pad_value))
+
+
+def _values(arr: pa.Array, pad_value: int | float) -> np.ndarray:
+    """The values :func:`_numpy` copies, as numpy (a view of Arrow's memory where one is possible)."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
     t = arr.type
@@ -234,4 +319,4 @@ def _numpy(arr: pa.Array, pad_value: int | float) -> np.ndarray:
         arr = arr.cast(pa.float32())
     if arr.null_count and not pa.types.is_floating(arr.type):
         arr = pc.fill_null(arr, pa.scalar(pad_value).cast(arr.type))
-    return np.array(arr.to_numpy(zero_copy_only=False))
+    return arr.to_numpy(zero_copy_only=False)

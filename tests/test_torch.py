@@ -100,6 +100,58 @@ def test_padded_and_jagged_lists(impressions):
     assert jagged["context_slot_values"].tolist() == [e["slot"] for x in context for e in x]
 
 
+def test_plain_columns_become_views_of_one_buffer_independent_of_arrow():
+    """Numbers, booleans, times and half floats, with nulls, in a sliced batch (non-zero offsets), against numpy."""
+    rng = np.random.default_rng(5)
+    n = 1001  # odd: float32/int16 columns end off an 8-byte boundary
+    f32 = rng.standard_normal(n).astype(np.float32)
+    i16 = rng.integers(-500, 500, n).astype(np.int16)
+    i64 = rng.integers(0, 1 << 40, n)
+    mask = rng.random(n) < 0.1
+    table = pa.table({
+        "f32": pa.array(f32),
+        "f32_nulls": pa.array(f32, mask=mask),
+        "i16": pa.array(i16),
+        "i64_nulls": pa.array(i64, mask=mask),
+        "flag": pa.array(rng.random(n) < 0.5),
+        "ts": pa.array(i64, pa.timestamp("us")),
+        "half": pa.array(f32.astype(np.float16)),
+        "items": pa.array([[int(i)] * (int(i) % 3) for i in i16]),
+        "f64": pa.array(f32.astype(np.float64)),
+    })
+    batch = table.combine_chunks().to_batches()[0].slice(7, 600)  # every column starts at offset 7
+    got = to_tensors(batch, pad_value=-3)
+    assert list(got) == ["f32", "f32_nulls", "i16", "i64_nulls", "flag", "ts", "half", "items", "items_lengths", "f64"]
+    sl = slice(7, 607)
+    want = {
+        "f32": f32[sl], "f32_nulls": np.where(mask, np.nan, f32).astype(np.float32)[sl], "i16": i16[sl],
+        "i64_nulls": np.where(mask, -3, i64)[sl], "flag": batch.column("flag").to_numpy(zero_copy_only=False),
+        "ts": i64[sl], "half": f32.astype(np.float16).astype(np.float32)[sl], "f64": f32.astype(np.float64)[sl],
+    }
+    for k, w in want.items():
+        assert got[k].numpy().dtype == w.dtype, k
+        np.testing.assert_array_equal(got[k].numpy(), w, err_msg=k)
+    plain = [got[k] for k in want]
+    assert len({v.untyped_storage().data_ptr() for v in plain}) == 1  # one storage
+    assert all(v.data_ptr() % 8 == 0 for v in plain)
+    before = batch.column("f32").to_numpy().copy()
+    got["f32"].add_(100)  # a tensor never shares Arrow's memory
+    np.testing.assert_array_equal(batch.column("f32").to_numpy(), before)
+    np.testing.assert_array_equal(got["i16"].numpy(), i16[sl])  # nor its neighbour in the buffer
+
+
+def test_in_process_loader_covers_every_row_once_with_one_storage_per_batch(impressions):
+    """DataLoader(num_workers=0), the fast path: the reader decodes on its own threads."""
+    expected = sorted(impressions.read(columns=["sample_id"]).column("sample_id").to_pylist())
+    ds = TrainingDataset(impressions, columns=["sample_id", "f0", "click"], batch_size=256, seed=4)
+    batches = list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0))
+    assert sorted(_ids(batches)) == expected
+    assert all(len({v.untyped_storage().data_ptr() for v in b.values()}) == 1 for b in batches)
+    oracle = impressions.read(columns=["sample_id", "f0"]).to_pandas().set_index("sample_id")["f0"]
+    got = {i: f for b in batches for i, f in zip(b["sample_id"].tolist(), b["f0"].tolist())}
+    np.testing.assert_allclose(oracle.loc[list(got)].to_numpy(np.float32), np.array(list(got.values()), np.float32))
+
+
 def test_worker_batches_travel_as_one_shared_buffer_with_the_same_values(impressions):
     from featurelake.torch import _one_storage
 
@@ -127,7 +179,8 @@ def test_to_device_moves_a_worker_batch_in_one_copy_with_the_same_values(impress
     batch = impressions.read(columns=["sample_id", "click", "f0", "clicked_items"]).slice(0, 300)
     tensors = to_tensors(batch.combine_chunks().to_batches()[0])
     tensors["note"] = [str(i) for i in range(300)]  # what a string column becomes
-    for packed in (_one_storage(tensors), tensors):  # a worker's batch (one storage), and one tensor per column
+    apart = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in tensors.items()}  # one storage each
+    for packed in (_one_storage(tensors), apart):  # one storage for the batch, and one per column
         moved = to_device(packed, device, pin=device == "cuda")
         assert moved.keys() == packed.keys() and moved["note"] == packed["note"]  # strings stay lists
         assert all(v.device.type == device for v in moved.values() if isinstance(v, torch.Tensor))
@@ -142,20 +195,21 @@ def test_to_device_moves_a_worker_batch_in_one_copy_with_the_same_values(impress
     assert len({v.untyped_storage().data_ptr() for v in one.values() if isinstance(v, torch.Tensor)}) == 1
 
 
-def test_stateful_dataloader_resumes_without_repeating_or_skipping(impressions):
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_stateful_dataloader_resumes_without_repeating_or_skipping(impressions, num_workers):
     sdl = pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata is not installed")
     expected = sorted(impressions.read(columns=["sample_id"]).column("sample_id").to_pylist())
 
     def loader():
         ds = TrainingDataset(impressions, columns=["sample_id"], batch_size=100, seed=7, shuffle_buffer=600)
-        return sdl.StatefulDataLoader(ds, batch_size=None, num_workers=2, snapshot_every_n_steps=1)
+        return sdl.StatefulDataLoader(ds, batch_size=None, num_workers=num_workers, snapshot_every_n_steps=1)
 
     first = loader()
     it = iter(first)
     head = [next(it) for _ in range(13)]
     state = first.state_dict()
     # the loader saved each worker's reader position (torchdata's layout), not just a count to replay
-    workers = state["_snapshot"]["_worker_snapshots"].values()
+    workers = state["_snapshot"]["_worker_snapshots"].values() if num_workers else [state]
     assert sum(w["dataset_state"]["batches"] for w in workers) == 13
     del it, first  # killed
     resumed = loader()
