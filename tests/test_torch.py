@@ -14,6 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed: `make test-torch` installs featurelake[torch]")
 
+from backends import both_backends  # noqa: E402
 from featurelake import Lake  # noqa: E402
 from featurelake.synthetic import impressions_schema, impressions_table  # noqa: E402
 from featurelake.torch import TrainingDataset, to_tensors  # noqa: E402
@@ -150,6 +151,34 @@ def test_in_process_loader_covers_every_row_once_with_one_storage_per_batch(impr
     oracle = impressions.read(columns=["sample_id", "f0"]).to_pandas().set_index("sample_id")["f0"]
     got = {i: f for b in batches for i, f in zip(b["sample_id"].tolist(), b["f0"].tolist())}
     np.testing.assert_allclose(oracle.loc[list(got)].to_numpy(np.float32), np.array(list(got.values()), np.float32))
+
+
+@both_backends
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_loader_reads_each_row_once_with_its_values_on_both_backends(lake, num_workers):
+    """The embedded lake and S3 + REST: a shuffled, sampled epoch through a DataLoader, against pyarrow."""
+    t = lake.create_table("ml.torch_rows", impressions_schema(), primary_key="sample_id",
+                          properties={"write.parquet.row-group-limit": "700"})
+    data = impressions_table(3_000, seed=9)
+    for i in range(2):
+        t.append(data.slice(i * 1_500, 1_500))
+    ds = TrainingDataset(t, columns=["sample_id", "f1", "click"], batch_size=128, seed=2, label_column="click",
+                         label_rates={0: 0.5}, weight_column="weight")
+    ds.set_epoch(1)
+    batches = list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=num_workers))
+    got = pa.table({k: np.concatenate([b[k].numpy() for b in batches]) for k in ("sample_id", "f1", "click", "weight")})
+    assert len(set(got["sample_id"].to_pylist())) == got.num_rows  # no row twice
+    oracle = data.select(["sample_id", "f1", "click"]).to_pandas().set_index("sample_id")
+    mine = got.to_pandas().set_index("sample_id")
+    want = oracle.loc[mine.index]
+    np.testing.assert_array_equal(mine["f1"].to_numpy(), want["f1"].to_numpy(np.float32))
+    np.testing.assert_array_equal(mine["click"].to_numpy(), want["click"].fillna(0).to_numpy(np.int32))
+    np.testing.assert_array_equal(mine["weight"].to_numpy(), np.where(want["click"].to_numpy() == 0, 2.0, 1.0))
+    positives = set(oracle.index[oracle["click"].to_numpy() == 1])
+    assert positives <= set(mine.index)  # every positive kept (rate 1)
+    negatives = (oracle["click"].to_numpy() == 0).sum()
+    kept = (mine["click"].to_numpy() == 0).sum()
+    assert 0.4 * negatives < kept < 0.6 * negatives  # about half the negatives
 
 
 def test_worker_batches_travel_as_one_shared_buffer_with_the_same_values(impressions):
