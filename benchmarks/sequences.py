@@ -180,13 +180,22 @@ def bytes_fetched(store, base_reader, base_schema, codec, batches: list[pa.Recor
     }
 
 
+def _torch_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
+
+
 def throughput(samples, view, cfg, repeat: int, st=None) -> dict[str, Any]:
     """Rows/s of the unjoined read, the list join and (with ``st``) the list-view joins, interleaved in one run.
 
     ``list_view``: each row a view into the batch's fetched chunks (no per-row
     copy); ``list_view_cached``: the cross-batch history cache, warm (every
     user decoded once, before the timed epochs); ``list_view_cached_cold``: a
-    fresh cache per epoch (the first epoch's cost, each user fetched once).
+    fresh cache per epoch (the first epoch's cost, each user fetched once);
+    ``list_view_cached_tensors`` (with torch): the warm join converted to
+    padded tensors per batch (``featurelake.torch.to_tensors``), what a PyTorch
+    job receives.
     """
     cols = ["sample_id", "label"] + FEATURES
 
@@ -210,11 +219,17 @@ def throughput(samples, view, cfg, repeat: int, st=None) -> dict[str, Any]:
             n += b.num_rows
         return n, 0
 
-    def joined_with(v):
+    def joined_with(v, tensors: bool = False):
+        if tensors:
+            from featurelake.torch import to_tensors
+
         def run_it():
             n = e = 0
             for b in samples.batches(columns=cols, batch_size=BATCH, sequences={"hist": v}):
                 n += b.num_rows
+                if tensors:
+                    e += int(to_tensors(b, lists="padded")["hist_lengths"].sum())
+                    continue
                 h = b.column("hist")
                 e += int(pa.compute.sum(h.sizes).as_py() or 0) if pa.types.is_list_view(h.type) else len(h.values)
             return n, e
@@ -229,6 +244,8 @@ def throughput(samples, view, cfg, repeat: int, st=None) -> dict[str, Any]:
         cached = st.view(layout="list_view", cache_bytes=CACHE_BYTES, **kw)
         joined_with(cached)()  # warm: every user decoded once
         runs["list_view_cached"] = joined_with(cached)
+        if _torch_available():  # what a PyTorch job receives: the warm join as padded tensors (featurelake.torch)
+            runs["list_view_cached_tensors"] = joined_with(cached, tensors=True)
         runs["list_view_cached_cold"] = lambda: joined_with(st.view(layout="list_view", cache_bytes=CACHE_BYTES, **kw))()
         # the cold epoch's storage floor: a raw multi-get of exactly the keys a cold epoch fetches, same threads
         recorder = st.view(layout="list_view", cache_bytes=CACHE_BYTES, **kw)
@@ -466,6 +483,9 @@ def run(cfg: Config) -> dict[str, Any]:
         print(f"  list-view joins: {tp['list_view_rows_per_s']:,} rows/s ({tp['list_view_over_plain_throughput']}x); "
               f"cached warm {tp['list_view_cached_rows_per_s']:,} rows/s ({tp['list_view_cached_over_plain_throughput']}x), "
               f"cold {tp['list_view_cached_cold_rows_per_s']:,} rows/s ({tp['list_view_cached_cold_over_plain_throughput']}x)")
+        if "list_view_cached_tensors_rows_per_s" in tp:
+            print(f"  as padded tensors (featurelake.torch): {tp['list_view_cached_tensors_rows_per_s']:,} rows/s "
+                  f"({tp['list_view_cached_tensors_over_plain_throughput']}x plain)")
         cf = tp["cold_floor"]
         print(f"  cold epoch's storage floor (raw multi-get of its {cf['keys']:,} keys, {cf['threads']} threads): "
               f"{cf['rows_per_s']:,} rows/s ({cf['floor_over_plain_throughput']}x plain); cold join / floor "
