@@ -303,13 +303,55 @@ def _jagged(out: dict[str, Any], name: str, col: pa.Array, pad_value: int | floa
     starts, lengths = _extents(col)
     ends = np.cumsum(lengths)
     out[f"{name}_offsets"] = torch.from_numpy(np.concatenate([[0], ends]).astype(np.int64))
-    contiguous = len(col) == 0 or bool(np.all(starts[1:] == starts[:-1] + lengths[:-1]))  # a list's usual layout
-    idx = None if contiguous else np.repeat(starts - (ends - lengths), lengths) + np.arange(int(ends[-1]))
-    first = int(starts[0]) if len(col) else 0
     for key, v in _element_fields(name, col.values).items():
-        values = _values(v, pad_value)
-        flat = values[first : first + int(ends[-1] if len(col) else 0)] if idx is None else values[idx]
-        out[f"{key}_values"] = torch.from_numpy(np.array(flat))
+        flat = _batch_values(v, starts, lengths, ends, pad_value, in_place=False)[0]
+        out[f"{key}_values"] = torch.from_numpy(flat if flat.flags.writeable and flat.flags.owndata else np.array(flat))
+
+
+def _batch_values(values: pa.Array, starts: np.ndarray, lengths: np.ndarray, ends: np.ndarray,
+                  pad_value: int | float, in_place: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """The rows' elements of one field as numpy (see :func:`_values`) and where each row starts in it.
+
+    Only the rows' elements are converted, never the whole of ``values``: a
+    cached list view's values are its history arena, far larger than a batch.
+    ``in_place``: fixed-width values without nulls are returned where they lie
+    (zero-copy, the starts the rows' own); otherwise the rows' elements come
+    out in row order, each row starting where the one before it ends.
+    """
+    found = _raw(values)
+    raw = None if found is None else found[0]
+    if raw is not None and in_place:
+        return raw, starts
+    total = int(ends[-1]) if len(ends) else 0
+    first = int(starts[0]) if len(starts) else 0
+    idx = None
+    if not (len(starts) < 2 or bool(np.all(starts[1:] == starts[:-1] + lengths[:-1]))):  # not a list's usual layout
+        idx = np.repeat(starts - (ends - lengths), lengths) + np.arange(total)
+    if raw is not None:
+        flat = raw[first : first + total] if idx is None else raw[idx]
+    else:
+        flat = _values(values.slice(first, total) if idx is None else values.take(pa.array(idx)), pad_value)
+    return flat, ends - lengths
+
+
+def _raw(arr: pa.Array, nulls: bool = False) -> tuple[np.ndarray, np.ndarray | None, int] | None:
+    """A fixed-width array's values where they lie (a dictionary's codes, a time's int64), as numpy, with its
+    validity bitmap (bytes, or None when no value is null) and the bitmap's first bit; None for booleans,
+    half floats, and (unless ``nulls``) arrays with nulls: those go through :func:`_values`."""
+    if isinstance(arr, pa.ChunkedArray) or (arr.null_count and not nulls):
+        return None
+    t = arr.type
+    data = arr.indices if pa.types.is_dictionary(t) else arr
+    dt = data.type
+    if pa.types.is_temporal(dt) and dt.bit_width == 64:
+        dtype = np.dtype(np.int64)
+    elif (pa.types.is_integer(dt) or pa.types.is_floating(dt)) and not pa.types.is_float16(dt):
+        dtype = np.dtype(dt.to_pandas_dtype())
+    else:
+        return None
+    validity, values = data.buffers()[:2]
+    bitmap = np.frombuffer(validity, np.uint8) if data.null_count and validity is not None else None
+    return np.frombuffer(values, dtype=dtype, count=len(data), offset=data.offset * dtype.itemsize), bitmap, data.offset
 
 
 def _element_fields(name: str, values: pa.Array) -> dict[str, pa.Array]:
@@ -325,11 +367,22 @@ def _pad(out: dict[str, Any], name: str, col: pa.Array, pad_value: int | float) 
     padded with ``pad_value``, and ``name_lengths``: each row's elements copied from where its offset
     points in the values, so a list view is padded without gathering it into a list first."""
     starts, lengths = _extents(col)
+    ends = np.cumsum(lengths)
     n, width = len(lengths), int(lengths.max()) if len(lengths) else 0
     for key, v in _element_fields(name, col.values).items():
-        flat = _values(v, pad_value)
-        padded = np.empty((n, width), flat.dtype)
-        _pad_rows()(flat, starts, lengths, np.full(1, pad_value, flat.dtype), padded)
+        dtype = _plain_dtype(v.type)  # a dictionary's uint16 codes widen to int32 as they are copied
+        pad = np.full(1, pad_value, dtype) if dtype is not None else None
+        found = _raw(v, nulls=True)
+        if found is not None and found[1] is not None:  # values with nulls, where they lie: null elements filled
+            values, bitmap, bit = found
+            padded = np.empty((n, width), dtype)
+            null_fill = np.full(1, np.nan, dtype) if dtype.kind == "f" else pad
+            _pad_rows_nullable()(values, bitmap, bit, starts, lengths, pad, null_fill, padded)
+        else:
+            flat, at = _batch_values(v, starts, lengths, ends, pad_value)
+            dtype = dtype or flat.dtype
+            padded = np.empty((n, width), dtype)
+            _pad_rows()(flat, at, lengths, np.full(1, pad_value, dtype), padded)
         out[key] = torch.from_numpy(padded)
     out[f"{name}_lengths"] = torch.from_numpy(lengths)
 
@@ -354,6 +407,28 @@ def _pad_rows() -> Callable[..., None]:
                 row[j] = fill
 
     return pad_rows
+
+
+@functools.cache
+def _pad_rows_nullable() -> Callable[..., None]:
+    """:func:`_pad_rows` for values with a validity bitmap: a null element becomes ``null_fill``
+    (NaN for floats, the pad for the rest), read where it lies instead of first taking the rows out."""
+    import numba
+
+    @numba.njit(cache=True, nogil=True)
+    def pad_rows_nullable(values, bitmap, bit, starts, lengths, pad, null_fill, out):  # pragma: no cover - compiled
+        width = out.shape[1]
+        fill, hole = pad[0], null_fill[0]
+        for i in range(out.shape[0]):
+            s, m = starts[i], lengths[i]
+            row = out[i]
+            for j in range(m):
+                k = bit + s + j
+                row[j] = values[s + j] if (bitmap[k >> 3] >> (k & 7)) & 1 else hole
+            for j in range(m, width):
+                row[j] = fill
+
+    return pad_rows_nullable
 
 
 def _numeric(t: pa.DataType) -> bool:

@@ -158,14 +158,19 @@ def _padded_oracle(rows: list, width: int, pad) -> np.ndarray:
     return np.array([(r or []) + [pad] * (width - len(r or [])) for r in rows], dtype=object)
 
 
+@pytest.mark.parametrize("element_nulls", [False, True])  # values used where they lie, or taken out first
 @pytest.mark.parametrize("layout", ["list", "list_view"])
-def test_padding_lists_and_list_views_against_python(layout):
-    """Sliced arrays, null lists, views that overlap or skip values, null elements (NaN for floats, the pad for ints)."""
+def test_padding_lists_and_list_views_against_python(layout, element_nulls):
+    """Sliced arrays, null lists, views that overlap or skip values, null elements (NaN for floats, the pad for ints),
+    dictionary codes."""
     rng = np.random.default_rng(11)
     total, n = 400, 60
-    ints = pa.array(rng.integers(-9, 9, total), mask=rng.random(total) < 0.05)
-    floats = pa.array(rng.standard_normal(total).astype(np.float32), mask=rng.random(total) < 0.05)
-    values = pa.StructArray.from_arrays([ints, floats], names=["i", "x"])
+    null = (lambda: rng.random(total) < 0.05) if element_nulls else (lambda: None)
+    ints = pa.array(rng.integers(-9, 9, total), mask=null())
+    floats = pa.array(rng.standard_normal(total).astype(np.float32), mask=null())
+    codes = pa.DictionaryArray.from_arrays(pa.array(rng.integers(0, 3, total).astype(np.uint16), mask=null()),
+                                           pa.array(["a", "b", "c"]))
+    values = pa.StructArray.from_arrays([ints, floats, codes], names=["i", "x", "c"])
     sizes = rng.integers(0, 12, n).astype(np.int32)
     null = rng.random(n) < 0.1
     if layout == "list":
@@ -184,9 +189,14 @@ def test_padding_lists_and_list_views_against_python(layout):
     assert got["h_i"].tolist() == want_i.tolist()
     want_x = _padded_oracle([[e["x"] if e["x"] is not None else np.nan for e in r] if r else r for r in rows], width, -7.0)
     np.testing.assert_array_equal(got["h_x"].numpy(), want_x.astype(np.float32))
+    want_c = _padded_oracle([["abc".index(e["c"]) if e["c"] is not None else -7 for e in r] if r else r for r in rows], width, -7)
+    assert got["h_c"].dtype == torch.int32 and got["h_c"].tolist() == want_c.tolist()
     jagged = to_tensors(batch, lists="jagged")
     flat = [e for r in rows if r for e in r]
     assert jagged["h_i_values"].tolist() == [e["i"] if e["i"] is not None else 0 for e in flat]
+    assert jagged["h_c_values"].tolist() == ["abc".index(e["c"]) if e["c"] is not None else 0 for e in flat]
+    np.testing.assert_array_equal(jagged["h_x_values"].numpy(),
+                                  np.array([e["x"] if e["x"] is not None else np.nan for e in flat], np.float32))
     assert jagged["h_offsets"].tolist() == np.concatenate([[0], np.cumsum([len(r or []) for r in rows])]).tolist()
 
 
