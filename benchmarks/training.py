@@ -249,12 +249,16 @@ def _torch_loop(cfg: Config, lake) -> dict[str, Any]:
     # 1.3 (OpenMP waits).
     torch.set_num_threads(1)
     counts = set()
+    waiting: list[float] = []  # the in-process loop's share of time waiting on its input (TrainingReader.stats)
     try:
         for rep in range(cfg.repeat):
             data.set_epoch(rep)
             for mode in (modes if rep % 2 == 0 else list(modes)[::-1]):
                 _, n_load = timed(lambda: load_epoch(mode), timings[f"torch_loader_{mode}"])
+                data.set_epoch(rep)  # the same epoch again for the loop (a finished one would move on)
                 _, n_train = timed(lambda: train_epoch(mode), timings[f"torch_training_loop_{mode}"])
+                if mode == "in_process":
+                    waiting.append(data.stats().waiting_share)
                 counts |= {n_load, n_train}
         if counts != {rows}:
             raise AssertionError(f"the loaders gave {sorted(counts)} rows an epoch, expected {rows}")
@@ -275,6 +279,7 @@ def _torch_loop(cfg: Config, lake) -> dict[str, Any]:
             kind: round(rates[f"torch_{kind}_in_process"]["rows_per_s"] / rates[f"torch_{kind}_2workers"]["rows_per_s"], 3)
             for kind in ("loader", "training_loop")
         },
+        "in_process_training_loop_waiting_share_median": round(float(np.median(waiting)), 3),
         "loss": loss,
         "torch": torch.__version__,
         "torch_threads": 1,
@@ -421,7 +426,8 @@ def _summary(result: dict[str, Any], path) -> None:
     else:
         for name, r in loop["rates"].items():
             print(f"  {name:<30} {fmt_rate(r['rows_per_s'])} (median epoch)")
-        print(f"  in-process / 2 workers: {loop['in_process_over_2workers']}")
+        print(f"  in-process / 2 workers: {loop['in_process_over_2workers']}; the in-process loop waited on its input "
+              f"{loop['in_process_training_loop_waiting_share_median']:.0%} of the time")
         for mode, loss in loop["loss"].items():
             print(f"  loss ({mode}) {loss['first_10_batches']} -> {loss['last_10_batches']}")
     print_goals(result["goals"])

@@ -105,6 +105,11 @@ class TrainingDataset(IterableDataset):
         """Start epoch ``epoch`` (a new shuffle) in every worker created after this call."""
         self.reader.set_epoch(epoch)
 
+    def stats(self) -> Any:
+        """This copy's :class:`featurelake.training.ReadStats` (with ``num_workers=0``, the loader's; a loader
+        worker's copy keeps its own)."""
+        return self.reader.stats()
+
     def state_dict(self) -> dict[str, Any]:
         """This copy's reader position (in a loader worker: that worker's)."""
         return self.reader.state_dict()

@@ -569,3 +569,34 @@ def test_window_permutation_is_fisher_yates_over_splitmix64():
             j = ((z >> 32) * (i + 1)) >> 32
             expected[i], expected[j] = expected[j], expected[i]
         assert window_permutation(9, 2, 1, 4, n).tolist() == expected
+
+
+def test_stats_count_what_was_handed_out_and_the_time_waited(samples):
+    """Rows and batches against the batches received; the waiting time against the test's own clock."""
+    import time
+
+    reader = TrainingReader(samples, columns=["k"], batch_size=64, seed=3)
+    assert reader.stats().rows == 0 and reader.stats().first_batch_s is None
+    pause, got = 0.002, []
+    t0 = time.perf_counter()
+    for b in reader:
+        got.append(b.num_rows)
+        time.sleep(pause)  # the consumer's own work: not waiting
+    wall = time.perf_counter() - t0
+    st = reader.stats()
+    assert (st.epoch, st.batches, st.rows) == (0, len(got), sum(got)) and st.rows == samples.read(columns=["k"]).num_rows
+    assert 0 < st.first_batch_s <= st.waited_s
+    # the sleeps lie between the first request and the last batch, outside the iterator
+    assert st.waited_s + pause * (len(got) - 1) <= st.elapsed_s + 1e-6 <= wall + 1e-6
+    assert 0 < st.waiting_share < 1
+    reader.set_epoch(1)
+    assert reader.stats().rows == 0 and reader.stats().epoch == 1
+    it = iter(reader)
+    head = [next(it) for _ in range(3)]
+    state = reader.state_dict()
+    del it
+    resumed = TrainingReader(samples, columns=["k"], batch_size=64, seed=3)
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    st = resumed.stats()  # counts this process's rows; batches go on from the saved position
+    assert st.rows == sum(b.num_rows for b in rest) and st.batches == len(head) + len(rest)
