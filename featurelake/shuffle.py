@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 # Rows decoded per read of an open unit: large reads decode far cheaper per row than small ones.
 DECODE_ROWS = 65_536
 DECODE, PERMUTE = 0, 1  # the kinds of work on the reader's pool (see ``featurelake.workpool``)
+# Chunks decoding ahead at least, on an object store: each waits on a request first (measured, unshuffled
+# 1M x 20 on SeaweedFS: 197 ms an epoch with 1, 155 with 4; on local disk 1 is fastest, 40 ms against 90 with 4).
+REMOTE_AHEAD = 4
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,7 @@ class WindowReader:
     decoded instead of waiting on all of them at once. At most ``ahead``
     chunks (default ``interleave``) decode ahead at a time: memory holds about
     ``2 * interleave`` decoded chunks besides the windows.
+    On an object store at least ``REMOTE_AHEAD`` decode ahead, so that requests overlap even unshuffled.
     ``close`` stops it: no more decoding starts, queued decodes are dropped and running ones waited for.
     """
 
@@ -174,7 +178,7 @@ class WindowReader:
         self.carry: dict[int, Chunk] = {}
         self.layers: dict[int, list] = {}
         self.pool = pool
-        self.ahead = reader.interleave if ahead is None else ahead
+        self.ahead = (reader.interleave if reader.local else max(reader.interleave, REMOTE_AHEAD)) if ahead is None else ahead
         self.window = 0  # the window being collected
         self.first_window: dict[int, int] = {}  # slot -> the first window that reads it (priorities)
         for w, window in enumerate(plan or ()):

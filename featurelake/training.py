@@ -211,6 +211,7 @@ class TrainingReader:
         self._label_extra = label_extra
         self._join_extra = join_extra
         self.tasks = sorted(self.scan.tasks(), key=lambda t: t.file.file_path)
+        self.local = self.scan._local  # local disk, or an object store (decode-ahead depth: featurelake.shuffle)
         placement.record(self.scan.ice, self.scan.read_schema.column_names if wanted is not None else None)
         self._hashes = [path_hash(t.file.file_path) for t in self.tasks]
         self.units = _plan_units(self.scan, self.tasks)
