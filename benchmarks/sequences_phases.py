@@ -68,7 +68,7 @@ def phases(data: Path, threads: int, rounds: int) -> dict[str, float]:
         setattr(owner, name, g)
         return lambda: setattr(owner, name, f)
 
-    undo = [timed(heads_mod.Heads, "__init__", "heads"), timed(lookup_mod.SequenceStore, "_fetch", "fetch"),
+    undo = [timed(heads_mod.Heads, "__init__", "heads"), timed(lookup_mod, "fetch_chunks", "fetch"),
             timed(lookup_mod, "assemble", "assemble"), timed(lookup_mod.SequenceStore, "_select", "select"),
             timed(lookup_mod.SequenceStore, "lookup_stats", "lookup")]
     try:
