@@ -204,9 +204,9 @@ def to_tensors(batch: pa.RecordBatch, lists: str = "padded", pad_value: int | fl
         sizes.append(nbytes)
         if nbytes % 8:
             sizes.append(8 - nbytes % 8)  # every view starts 8-byte aligned
-    if len(plain) == 1:
-        name, col, _, _, _ = plain[0]
-        out[name] = torch.from_numpy(_numpy(col, pad_value))
+    if len(plain) == 1 or not n:  # nothing to share a buffer with (zero-length views cannot change dtype)
+        for name, col, _, _, _ in plain:
+            out[name] = torch.from_numpy(_numpy(col, pad_value))
     elif plain:
         buffer = np.empty(sum(sizes), np.uint8)
         views = torch.split(torch.from_numpy(buffer), sizes)  # views of one storage

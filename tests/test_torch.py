@@ -141,6 +141,23 @@ def test_plain_columns_become_views_of_one_buffer_independent_of_arrow():
     np.testing.assert_array_equal(got["i16"].numpy(), i16[sl])  # nor its neighbour in the buffer
 
 
+@pytest.mark.parametrize("layout", ["list", "list_view"])
+@pytest.mark.parametrize("lists", ["padded", "jagged"])
+def test_empty_batches_and_all_null_lists_convert(layout, lists):
+    values = pa.StructArray.from_arrays([pa.array(np.arange(5)), pa.array(np.ones(5, np.float32))], names=["a", "b"])
+    col = (pa.ListArray.from_arrays(pa.array([0, 2, 5], pa.int32()), values) if layout == "list" else
+           pa.ListViewArray.from_arrays(pa.array([0, 2], pa.int32()), pa.array([2, 3], pa.int32()), values))
+    batch = pa.record_batch({"x": pa.array([1, 2]), "y": pa.array([1.0, 2.0], pa.float32()), "h": col})
+    empty = to_tensors(batch.slice(0, 0), lists=lists)
+    assert empty["x"].shape == (0,) and empty["x"].dtype == torch.int64 and empty["y"].dtype == torch.float32
+    assert (empty["h_a"].shape == (0, 0)) if lists == "padded" else (empty["h_offsets"].tolist() == [0])
+    nulls = to_tensors(pa.record_batch({"h": pa.array([None, None], col.type)}), lists=lists)
+    if lists == "padded":
+        assert nulls["h_lengths"].tolist() == [0, 0] and nulls["h_a"].shape == (2, 0)
+    else:
+        assert nulls["h_offsets"].tolist() == [0, 0, 0] and nulls["h_b_values"].shape == (0,)
+
+
 def test_in_process_loader_covers_every_row_once_with_one_storage_per_batch(impressions):
     """DataLoader(num_workers=0), the fast path: the reader decodes on its own threads."""
     expected = sorted(impressions.read(columns=["sample_id"]).column("sample_id").to_pylist())
