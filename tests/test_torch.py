@@ -187,7 +187,8 @@ def test_padding_lists_and_list_views_against_python(layout, element_nulls):
     floats = pa.array(rng.standard_normal(total).astype(np.float32), mask=null())
     codes = pa.DictionaryArray.from_arrays(pa.array(rng.integers(0, 3, total).astype(np.uint16), mask=null()),
                                            pa.array(["a", "b", "c"]))
-    values = pa.StructArray.from_arrays([ints, floats, codes], names=["i", "x", "c"])
+    values = pa.StructArray.from_arrays([ints, floats, codes], names=["i", "x", "c"]).slice(7)  # fields at offset 7
+    total -= 7
     sizes = rng.integers(0, 12, n).astype(np.int32)
     null = rng.random(n) < 0.1
     if layout == "list":
