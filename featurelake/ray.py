@@ -32,7 +32,6 @@ from __future__ import annotations
 import functools
 import os
 import uuid
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 try:
@@ -44,13 +43,13 @@ except ImportError as e:  # pragma: no cover - the extra is part of dev installs
 
 import numpy as np
 import pyarrow as pa
-from pyiceberg.io import FileIO, load_file_io
 from pyiceberg.table import Table as IcebergTable
 
 from featurelake import refs
 from featurelake.errors import ClusterError, FeatureLakeError
 from featurelake.guard import delete_quietly_io, recording, track
-from featurelake.read import ReadReport, Scan
+from featurelake.read import Scan
+from featurelake.shipping import ShippedScan, ShippedView, TableRef
 
 if TYPE_CHECKING:
     from pyiceberg.table import FileScanTask
@@ -94,78 +93,6 @@ def cluster_cpus() -> int:
     """CPUs of the connected cluster (the default number of parallel tasks)."""
     connect()
     return max(1, int(ray.cluster_resources().get("CPU", 1)))
-
-
-# ====================================================== what a worker needs
-_FILE_IOS: dict[tuple, FileIO] = {}
-_TABLES: dict[str, IcebergTable] = {}
-
-
-def _file_io(properties: dict[str, str]) -> FileIO:
-    """A FileIO built from a catalog FileIO's properties, once per worker process."""
-    key = tuple(sorted(properties.items()))
-    if key not in _FILE_IOS:
-        _FILE_IOS[key] = load_file_io(dict(properties))
-    return _FILE_IOS[key]
-
-
-@dataclass(frozen=True)
-class _TableRef:
-    """A table as a worker sees it: metadata and storage, no catalog (workers never commit)."""
-
-    identifier: tuple
-    metadata: Any
-    metadata_location: str
-    io_properties: dict
-
-    @classmethod
-    def of(cls, ice: IcebergTable) -> "_TableRef":
-        return cls(tuple(ice.name()), ice.metadata, ice.metadata_location, dict(ice.io.properties))
-
-    def table(self) -> IcebergTable:
-        found = _TABLES.get(self.metadata_location)
-        if found is None:
-            if len(_TABLES) > 64:
-                _TABLES.clear()
-            found = _TABLES[self.metadata_location] = IcebergTable(
-                self.identifier, self.metadata, self.metadata_location, _file_io(self.io_properties), catalog=None  # type: ignore[arg-type]
-            )
-        return found
-
-
-class _Layers:
-    """The update layers of a few data files, resolved on the driver (a worker reads no platform state)."""
-
-    def __init__(self, entries: dict) -> None:
-        self.entries = entries
-
-    @property
-    def empty(self) -> bool:
-        return not self.entries
-
-    def entries_for(self, data_file: str) -> list:
-        return self.entries.get(data_file, [])
-
-
-_DRIVER_ONLY = ("table", "ice", "io", "state", "_tasks", "report")
-
-
-class _ShippedScan:
-    """The reading half of a planned :class:`Scan`, for some of its files, picklable for a worker."""
-
-    def __init__(self, scan: Scan, files: Sequence[str]) -> None:
-        self.fields = {k: v for k, v in vars(scan).items() if k not in _DRIVER_ONLY}
-        self.io_properties = dict(scan.io.properties)
-        self.entries = scan.state.by_data_file(list(files)) if not scan.state.empty else {}
-
-    def open(self) -> Scan:
-        scan = object.__new__(Scan)
-        scan.__dict__.update(self.fields)
-        scan.table = scan.ice = scan._tasks = None
-        scan.io = _file_io(self.io_properties)
-        scan.state = _Layers(self.entries)
-        scan.report = ReadReport()
-        return scan
 
 
 def _gather(futures: list, progress: Callable[[int, int], None] | None = None, undo: Callable[[Any], None] | None = None) -> list:
@@ -236,9 +163,9 @@ class FeatureLakeDatasource(Datasource):
     def __init__(self, scan: Scan, sequences: dict[str, Any] | None = None, drop: Sequence[str] = ()) -> None:
         super().__init__()
         units = scan.tasks()
-        self._units = [(t, _ShippedScan(scan, [t.file.file_path])) for t in units]
+        self._units = [(t, ShippedScan(scan, [t.file.file_path])) for t in units]
         self._filtered = scan.arrow_filter is not None
-        self._views = {name: _ShippedView(v) for name, v in (sequences or {}).items()}
+        self._views = {name: ShippedView(v) for name, v in (sequences or {}).items()}
         self._drop = list(drop)
         schema = scan.output_schema
         for name, view in (sequences or {}).items():
@@ -265,7 +192,7 @@ class FeatureLakeDatasource(Datasource):
         return tasks
 
 
-def _read_unit(shipped: _ShippedScan, task: "FileScanTask", views: dict, drop: list[str], schema: pa.Schema) -> Iterable[pa.Table]:
+def _read_unit(shipped: ShippedScan, task: "FileScanTask", views: dict, drop: list[str], schema: pa.Schema) -> Iterable[pa.Table]:
     scan = shipped.open()
     opened = {name: v.open() for name, v in views.items()}
     empty = True
@@ -281,28 +208,6 @@ def _read_unit(shipped: _ShippedScan, task: "FileScanTask", views: dict, drop: l
         yield block
     if empty:  # every row filtered out: an empty block that still has the schema
         yield schema.empty_table()
-
-
-_VIEWS: dict[tuple, Any] = {}
-
-
-class _ShippedView:
-    """A sequence view reopened in the worker from its build record (the store must be on a shared path)."""
-
-    def __init__(self, view: Any) -> None:
-        self.info = view.store.info
-        self.io = getattr(view.store, "io", None)
-        self.args = (view.key, view.time, list(view.columns), view.max_len, view.window, view.threads, view.batch_keys,
-                     view.layout, view.cache_bytes)
-
-    def open(self) -> Any:
-        from featurelake.sequences import SequenceView
-        from featurelake.sequences.lookup import SequenceStore
-
-        key = (self.info.path, repr(self.args))
-        if key not in _VIEWS:
-            _VIEWS[key] = SequenceView(SequenceStore(self.info, io=self.io), *self.args)
-        return _VIEWS[key]
 
 
 def read_ray(
@@ -336,7 +241,7 @@ def read_ray(
 
 # =================================================== backfill and upsert
 @ray.remote
-def _write_updates(ref: _TableRef, jobs: list["UpdateFileJob"], target: pa.Schema) -> list[int]:
+def _write_updates(ref: TableRef, jobs: list["UpdateFileJob"], target: pa.Schema) -> list[int]:
     from featurelake import updates
 
     ice = ref.table()
@@ -357,7 +262,7 @@ class _UpdateWriter:
     def __call__(self, ice: IcebergTable, jobs: list["UpdateFileJob"], target: pa.Schema) -> list[int]:
         if not jobs:
             return []
-        ref = ray.put(_TableRef.of(ice))
+        ref = ray.put(TableRef.of(ice))
         groups = _split(jobs, self.tasks or cluster_cpus(), lambda j: j.rows.num_rows + 1024)
         self.used += len(groups)
         futures = [_write_updates.options(max_retries=self.retries).remote(ref, g, target) for g in groups]
@@ -403,7 +308,7 @@ def upsert(table: "Table", data: Any, branch: str = refs.MAIN, *, tasks: int | N
 # ================================================================ compaction
 @ray.remote
 def _rewrite_bin(
-    ref: _TableRef, shipped: _ShippedScan, bin_: list, target: int, allowed_bad: int, column_order: list | None
+    ref: TableRef, shipped: ShippedScan, bin_: list, target: int, allowed_bad: int, column_order: list | None
 ) -> "BinRewrite":
     from featurelake import maintenance
 
@@ -431,11 +336,11 @@ class _BinRewriter:
     ) -> list["BinRewrite"]:
         if not bins:
             return []
-        ref = ray.put(_TableRef.of(ice))
+        ref = ray.put(TableRef.of(ice))
         self.used += len(bins)
         futures = [
             _rewrite_bin.options(max_retries=self.retries).remote(
-                ref, _ShippedScan(scan, [t.file.file_path for t in b]), b, target, budget, column_order
+                ref, ShippedScan(scan, [t.file.file_path for t in b]), b, target, budget, column_order
             )
             for b in bins
         ]
@@ -462,7 +367,7 @@ def compact(table: "Table", branch: str = refs.MAIN, *, retries: int = DEFAULT_R
 
 # ===================================================== sequence store builds
 @ray.remote
-def _profile(shipped: _ShippedScan, units: list, key: str, key_type: pa.DataType, dict_cols: list[str]) -> tuple[list, dict]:
+def _profile(shipped: ShippedScan, units: list, key: str, key_type: pa.DataType, dict_cols: list[str]) -> tuple[list, dict]:
     """A key sample and the distinct values of the dictionary columns of some event files."""
     from featurelake.sequences.build import key_sample
     from featurelake.sequences.layout import _uniques
@@ -479,7 +384,7 @@ def _profile(shipped: _ShippedScan, units: list, key: str, key_type: pa.DataType
     return sample, uniques
 
 
-def _partition(shipped: _ShippedScan, units: list, key: str, key_type: pa.DataType, bounds: np.ndarray, buckets: int) -> Any:
+def _partition(shipped: ShippedScan, units: list, key: str, key_type: pa.DataType, bounds: np.ndarray, buckets: int) -> Any:
     """The rows of some event files split into ``buckets`` key ranges (one returned table per range)."""
     from featurelake.sequences.store import KeyCodec
 
@@ -529,7 +434,7 @@ class _SequenceBuilder:
             return _full_build(st, ice, snap, layout, backend, tmp, bucket_rows)
         width = self.tasks or cluster_cpus()
         groups = _split(units, width, lambda t: t.file.record_count)
-        shipped = [_ShippedScan(scan, [t.file.file_path for t in g]) for g in groups]
+        shipped = [ShippedScan(scan, [t.file.file_path for t in g]) for g in groups]
         opts = {"max_retries": self.retries}
         dict_cols = layout.dictionary_columns()
         profiles = _gather([

@@ -507,9 +507,31 @@ class TrainingReader:
         self._pools_ = {}
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)  # threads do not travel (spawned data-loader workers start their own)
+        """What a spawned data-loader worker gets: the planned reading half, no catalog and no threads.
+
+        (Forked workers copy the reader instead.) The scan is shipped with the
+        update layers of its files and the views with their build records
+        (``featurelake.shipping``), so the worker reads the same snapshot
+        without opening the catalog; threads start in the worker.
+        """
+        from featurelake.shipping import ShippedScan, ShippedView
+
+        state = dict(self.__dict__)
         state["_pools_"] = {}
+        state["table"] = None
+        state["scan"] = ShippedScan(self.scan, [t.file.file_path for t in self.tasks])
+        state["sequences"] = {name: ShippedView(v) for name, v in self.sequences.items()}
+        state["features"] = {name: ShippedView(v) for name, v in self.features.items()}
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        state["scan"] = state["scan"].open()
+        state["sequences"] = {name: v.open() for name, v in state["sequences"].items()}
+        state["features"] = {name: v.open() for name, v in state["features"].items()}
+        state["_pool_pid"] = None  # threads start on first use in this process
+        self.__dict__.update(state)
+        self._reset_stats()
 
     def _emit(self, batch: pa.RecordBatch, window: int, rank: int) -> pa.RecordBatch:
         """Hand out ``batch``, whose last row is rank ``rank`` of window ``window``."""

@@ -331,6 +331,13 @@ def test_sequence_and_feature_views_together(lake):
     assert trained.column_names == ["sid", "hist", "item.price", "item.category", "item.emb"]
     assert trained.column("hist").to_pylist() == want_hist.to_pylist()
     assert ours(trained, "item") == oracle(versions, rows, "item", "ts")
+    # as a spawned data-loader worker gets it: pickled without the catalog, the views reopened from their builds
+    import pickle
+
+    reader.set_epoch(0)
+    shipped = pickle.loads(pickle.dumps(reader))
+    assert shipped.table is None
+    assert pa.Table.from_batches(list(shipped)).sort_by("sid").equals(trained)
     with pytest.raises(SchemaMismatchError, match="clash"):
         samples.read(sequences={"item.price": seq}, features={"item": feat})
 

@@ -219,9 +219,10 @@ def test_padding_lists_and_list_views_against_python(layout, element_nulls):
 
 
 @both_backends
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_loader_reads_each_row_once_with_its_values_on_both_backends(lake, num_workers):
-    """The embedded lake and S3 + REST: a shuffled, sampled epoch through a DataLoader, against pyarrow."""
+@pytest.mark.parametrize("num_workers,context", [(0, None), (2, None), (2, "spawn")])
+def test_loader_reads_each_row_once_with_its_values_on_both_backends(lake, num_workers, context):
+    """The embedded lake and S3 + REST: a shuffled, sampled epoch through a DataLoader, against pyarrow; with
+    ``spawn`` (CUDA in workers, macOS) each worker gets the reader pickled, without the catalog."""
     t = lake.create_table("ml.torch_rows", impressions_schema(), primary_key="sample_id",
                           properties={"write.parquet.row-group-limit": "700"})
     data = impressions_table(3_000, seed=9)
@@ -230,7 +231,7 @@ def test_loader_reads_each_row_once_with_its_values_on_both_backends(lake, num_w
     ds = TrainingDataset(t, columns=["sample_id", "f1", "click"], batch_size=128, seed=2, label_column="click",
                          label_rates={0: 0.5}, weight_column="weight")
     ds.set_epoch(1)
-    batches = list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=num_workers))
+    batches = list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=num_workers, multiprocessing_context=context))
     got = pa.table({k: np.concatenate([b[k].numpy() for b in batches]) for k in ("sample_id", "f1", "click", "weight")})
     assert len(set(got["sample_id"].to_pylist())) == got.num_rows  # no row twice
     oracle = data.select(["sample_id", "f1", "click"]).to_pandas().set_index("sample_id")

@@ -338,6 +338,19 @@ def test_sequence_join(lake):
     got = pa.Table.from_batches(head + list(rest))
     assert got.column_names == ["sample_id", "hist"]
     assert got.sort_by("sample_id").equals(oracle)
+    # a spawned data-loader worker's copy (pickled: no catalog) reads the same batches, resumable alike
+    import pickle
+
+    fresh = TrainingReader(t, columns=["sample_id"], batch_size=64, sequences={"hist": view}, shuffle_buffer=100, seed=4)
+    shipped = pickle.loads(pickle.dumps(fresh))
+    assert shipped.table is None
+    assert [b.to_pydict() for b in shipped] == [b.to_pydict() for b in fresh]
+    shipped.set_epoch(1)
+    it = iter(shipped)
+    head = [next(it)]
+    again = pickle.loads(pickle.dumps(fresh))
+    again.load_state_dict(shipped.state_dict())
+    assert pa.Table.from_batches(head + list(again)).sort_by("sample_id").equals(oracle)
 
 
 @pytest.mark.parametrize("kw,error", [
