@@ -361,3 +361,24 @@ def test_a_part_not_all_bytes_of_the_codecs_size_is_left_to_the_grid():
     for n in NAMES:  # nothing written
         np.testing.assert_array_equal(got[n][0], before[n])
     assert dec.decode(values, 0) is not None
+
+
+@pytest.mark.parametrize("lengths", [[1], [C, C, 3]])
+def test_a_part_decodes_alike_from_a_list_and_from_other_sequences(lengths):
+    """A list's values are found through its own item array, other sequences' through their ids: the same bytes."""
+    from featurelake.sequences.kernels import PartDecoder
+
+    codec, values, _ = _chunks(lengths, seed=5)
+    want = codec.decode_padded(values, NAMES)  # the NumPy decode (the oracle)
+    assert in_place(tuple(values), codec.size) is not None and in_place(values, codec.size) is not None
+
+    class Values(list):
+        pass
+
+    for seq in (list(values), tuple(values), Values(values)):  # (a list subclass: through its ids too)
+        got = codec.alloc(NAMES, len(values))
+        assert PartDecoder(codec, NAMES, None, got).decode(seq, 0) is not None, type(seq)
+        for name in NAMES:
+            np.testing.assert_array_equal(got[name][0], want[name][0], err_msg=f"{name} {type(seq)}")
+            if want[name][1] is not None:
+                np.testing.assert_array_equal(got[name][1], want[name][1], err_msg=f"{name} {type(seq)}")

@@ -333,7 +333,7 @@ def _planes_rows(addrs, size, mask, first, n, off, w, k, c, delta, dst, acc):  #
 
 
 @jit
-def decode_part(ids, type_id, size, type_at, size_at, data_at, addrs, spec, mask, first, c, seen, high, nvalid,
+def decode_part(items, n, type_id, size, type_at, size_at, data_at, addrs, spec, mask, first, c, seen, high, nvalid,
                 times, counts, q_pairs, q_order, q_sorted, bounds, below):  # pragma: no cover - compiled
     """One multi-get part of fixed-codec values decoded in one call: every column, the partial ones, the part's cuts.
 
@@ -341,10 +341,12 @@ def decode_part(ids, type_id, size, type_at, size_at, data_at, addrs, spec, mask
     takes it back, and at 4 threads on 2 cores taking it back waited behind
     the other threads' multi-gets building their values (seven calls a part:
     the in-place check, planes and flags per column, the partial rows, the
-    cuts). ``ids``: the part's value objects (CPython ``id``), each checked
-    to be of type ``type_id`` and ``size`` long (header offsets ``type_at``,
-    ``size_at``, ``data_at``: checked by the caller; -1: not all are,
-    nothing decoded), their data addresses into ``addrs``. ``spec``: a row per
+    cuts). ``items``: the address of the part's ``n`` value objects (CPython
+    object addresses, int64: a list's own item array, read here without the
+    GIL, or an array of ``id`` s), each checked to be of type ``type_id`` and
+    ``size`` long (header offsets ``type_at``, ``size_at``, ``data_at``:
+    checked by the caller; -1: not all are, nothing decoded), their data
+    addresses into ``addrs``. ``spec``: a row per
     column (int64): byte offset, stored width, delta-coded, validity offset
     (-1: none), output address, validity output address, mode, output item
     size; each output is a (pairs, ``c``) array whose rows ``first ..`` this
@@ -359,9 +361,8 @@ def decode_part(ids, type_id, size, type_at, size_at, data_at, addrs, spec, mask
     (``times``: the decoded (pairs, c) time pool, unless a column has mode
     2); none when ``q_sorted`` is empty. Returns the values mode 1 decoded.
     """
-    n = ids.shape[0]
     for i in range(n):
-        a = ids[i]
+        a = _load_i64(items + 8 * i)
         if _load_i64(a + type_at) != type_id or _load_i64(a + size_at) != size:
             return -1
         addrs[i] = a + data_at
