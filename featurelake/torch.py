@@ -86,6 +86,7 @@ class TrainingDataset(IterableDataset):
             self.reader = TrainingReader(source, **reader_kwargs)
         self.lists = lists
         self.pad_value = pad_value
+        _load_kernels(self.reader, lists, pad_value)
 
     def _place(self) -> None:
         info = get_worker_info()
@@ -117,6 +118,40 @@ class TrainingDataset(IterableDataset):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self._place()
         self.reader.load_state_dict(state)
+
+
+def _load_kernels(reader: TrainingReader, lists: str, pad_value: int | float) -> None:
+    """Load the compiled row copies the reader's padded list columns will use, now (numba's cache: ~0.1 s a type).
+
+    Data-loader workers forked from this process then inherit them instead
+    of each loading them again at the start of every epoch (the reader loads
+    the shuffle's kernel for the same reason).
+    """
+    if lists != "padded":
+        return
+    fields = list(reader.scan.output_schema) + [pa.field(name, v.type) for name, v in reader.sequences.items()]
+    types = [t for f in fields for t in _padded_element_types(f.type)]
+    empty = np.empty(0, np.int64)
+    for t in dict.fromkeys(types):
+        dtype = _plain_dtype(t)
+        if dtype is None:
+            continue
+        found = _raw(pa.array([], t))
+        values = found[0] if found is not None else _values(pa.array([], t), pad_value)
+        pad = np.full(1, pad_value, dtype)
+        _pad_rows()(values, empty, empty, pad, np.empty((0, 0), dtype))
+        if found is not None:
+            _pad_rows_nullable()(values, np.empty(0, np.uint8), 0, empty, empty, pad, pad, np.empty((0, 0), dtype))
+
+
+def _padded_element_types(t: pa.DataType) -> list[pa.DataType]:
+    """The element types of the list columns (inside structs too) that :func:`_pad` copies."""
+    if pa.types.is_struct(t):
+        return [e for i in range(t.num_fields) for e in _padded_element_types(t.field(i).type)]
+    if _is_list(t):
+        v = t.value_type
+        return [v.field(i).type for i in range(v.num_fields)] if pa.types.is_struct(v) else [v]
+    return []
 
 
 def _one_storage(tensors: dict[str, Any]) -> dict[str, Any]:
