@@ -17,6 +17,7 @@ so the bad-file budget applies to it as to any damaged file; never wrong rows.
 """
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import OrderedDict
@@ -88,10 +89,12 @@ class LayerLoading:
         return lambda: [f.result() for f in futures]
 
     def _plan_layers(self, tasks: list[FileScanTask]) -> "tuple[list[_LayerSlot], list[Callable[[], list]]]":
-        """Per task, a call returning its layers (:class:`_LayerSlot`), and the slots for :meth:`_feed_layers`.
+        """Per task, a call returning its layers, and the slots of the layers still to load for :meth:`_feed_layers`.
 
-        A data file whose update files cannot even be listed (a damaged state shard) gets a call that
-        raises that error, so it fails (or is skipped under the budget) as its read would have.
+        Layers the cache holds are looked up now (a cached read makes no slot, so nobody waits on
+        anything); a file with layers to load gets a :class:`_LayerSlot`. A data file whose update
+        files cannot even be listed (a damaged state shard) or are gone gets a call that raises that
+        error, so it fails (or is skipped under the budget) as its read would have.
         """
         slots: list[_LayerSlot] = []
         pendings: list[Callable[[], list]] = []
@@ -99,15 +102,19 @@ class LayerLoading:
         for t in tasks:
             try:
                 wanted = self._wanted(t.file.file_path)
+                if not wanted:
+                    pendings.append(_no_layers)
+                    continue
+                cached = [self._cached_layer(e) for e in wanted]
             except Exception as e:
                 failed: Future = Future()
                 failed.set_exception(e)
                 pendings.append(failed.result)
                 continue
-            if not wanted:
-                pendings.append(_no_layers)
+            if all(layer is not None for layer in cached):
+                pendings.append(functools.partial(list, cached))
                 continue
-            slot = _LayerSlot(self, wanted, claims)
+            slot = _LayerSlot(self, wanted, claims, cached)
             slots.append(slot)
             pendings.append(slot.get)
         return slots, pendings
@@ -128,6 +135,7 @@ class LayerLoading:
             fail_unfed(slots)
 
     def _load_layer(self, entry: UpdateEntry) -> tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]:
+        """One update layer (entry, positions or None, values): from the layer cache, else decoded and kept there."""
         ids = tuple(i for i in entry.field_ids if i in self.read_ids)
         for attempt in range(_CHANGED_RETRIES + 1):
             key, file_key = self._layer_key(entry, ids)
@@ -138,20 +146,35 @@ class LayerLoading:
                 pos, batch = self._decode_layer(entry, ids, file_key)
                 break
             except openfiles.FileChangedError:  # replaced between the stat and the open (tests, other tools): stat again
+                self._shared_files.keys.pop(file_key[0], None)  # type: ignore[index]
                 if attempt == _CHANGED_RETRIES:
                     raise CorruptFileError(f"file {entry.update_file} keeps changing while it is read", entry.update_file)
         readfiles.LAYERS.put(key, (pos, batch), batch.get_total_buffer_size() + (pos.nbytes if pos is not None else 0))
         return entry, pos, batch
 
+    def _cached_layer(self, entry: UpdateEntry) -> tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch] | None:
+        """The layer of ``entry`` when the layer cache holds it (None: it has to be loaded); CorruptFileError
+        when its local update file is gone."""
+        key, _ = self._layer_key(entry, tuple(i for i in entry.field_ids if i in self.read_ids))
+        found = readfiles.LAYERS.get(key)
+        return None if found is None else (entry, found[0], found[1])
+
     def _layer_key(self, entry: UpdateEntry, ids: tuple[int, ...]) -> tuple[tuple, tuple | None]:
         """What identifies a decoded layer: the update file (local: its size, mtime and inode too) and
-        the columns; and a local file's :func:`openfiles.file_key` (None on an object store)."""
+        the columns; and a local file's :func:`openfiles.file_key` (None on an object store).
+
+        A local file is stat'ed once per read (:attr:`SharedFiles.keys`), not once per layer: a shared
+        file holds a layer of every data file of its commit. A file replaced since is caught where it
+        is opened (FileChangedError: :meth:`_load_layer` stats it again)."""
         fs, fs_path = self._resolve(entry.update_file)
         if isinstance(fs, pafs.LocalFileSystem):
-            try:
-                file_key = openfiles.file_key(fs_path)
-            except FileNotFoundError as e:
-                raise CorruptFileError(f"file {entry.update_file} is missing", entry.update_file) from e
+            keys = self._shared_files.keys
+            file_key = keys.get(fs_path)
+            if file_key is None:
+                try:
+                    file_key = keys[fs_path] = openfiles.file_key(fs_path)
+                except FileNotFoundError as e:
+                    raise CorruptFileError(f"file {entry.update_file} is missing", entry.update_file) from e
             return file_key + (ids, entry.dense, entry.row_group), file_key
         return (self._io_key, type(fs).__name__, fs_path, entry.file_size, ids, entry.dense, entry.row_group), None
 
@@ -294,7 +317,9 @@ class _Shared:
 class SharedFiles:
     """The shared update files one read has opened (each once, whichever thread gets there first),
     the last :data:`SHARED_OPEN` of them kept: a read meets a shared file's layers data file after
-    data file, so an evicted one is rarely needed again (and is then opened again).
+    data file, so an evicted one is rarely needed again (and is then opened again). Also the
+    version (:func:`openfiles.file_key`) of each local update file the read has looked at
+    (``keys``): each is stat'ed once per read.
 
     Pickles as empty (a read shipped to another process opens its own).
     """
@@ -302,6 +327,7 @@ class SharedFiles:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.files: "OrderedDict[tuple, _Shared]" = OrderedDict()
+        self.keys: dict[str, tuple] = {}
 
     def __reduce__(self):
         return (SharedFiles, ())
@@ -409,50 +435,58 @@ def _no_layers() -> list:
 class _LayerSlot:
     """One data file's update layers, each loaded once by whichever thread claims it first: the
     calling thread feeding them in plan order, or the reader thread that needs them (:meth:`get`).
+    Layers the cache already held at planning are there from the start (no claim, no future).
 
     Claims are per update file, so a reader thread waits at most for the one file another thread
     is decoding at that moment, never for a whole data file's worth queued behind it.
     """
 
-    __slots__ = ("scan", "wanted", "claims", "claimed", "futures")
+    __slots__ = ("scan", "wanted", "claims", "layers", "futures")
 
-    def __init__(self, scan: "LayerLoading", wanted: list[UpdateEntry], claims: threading.Lock) -> None:
+    def __init__(
+        self, scan: "LayerLoading", wanted: list[UpdateEntry], claims: threading.Lock, cached: "list[tuple | None]",
+    ) -> None:
         self.scan = scan
         self.wanted = wanted
         self.claims = claims  # one lock per read: claiming is a flag flip
-        self.claimed = [False] * len(wanted)
-        self.futures: list[Future] = [Future() for _ in wanted]
+        self.layers = cached  # per layer: loaded (from the cache at planning), else None
+        self.futures: "dict[int, Future | None]" = {i: None for i, layer in enumerate(cached) if layer is None}  # None: unclaimed
 
-    def _claim(self, i: int) -> bool:
+    def _claim(self, i: int) -> "Future | None":
+        """A new future for layer ``i`` when this thread is the first to claim it, else None."""
         with self.claims:
-            if self.claimed[i]:
-                return False
-            self.claimed[i] = True
-            return True
+            if self.futures[i] is not None:
+                return None
+            future = self.futures[i] = Future()
+            return future
 
     def load(self) -> None:
         """Load the layers no other thread claimed; errors go to whoever waits on them."""
-        for i, entry in enumerate(self.wanted):
-            if not self._claim(i):
+        for i in self.futures:
+            future = self._claim(i)
+            if future is None:
                 continue
             try:
-                layer = self.scan._load_layer(entry)
+                layer = self.scan._load_layer(self.wanted[i])
             except BaseException as e:  # whoever waits gets it; an interrupt still interrupts this thread
-                self.futures[i].set_exception(e)
+                future.set_exception(e)
                 if not isinstance(e, Exception):
                     raise
             else:
-                self.futures[i].set_result(layer)
+                future.set_result(layer)
 
     def get(self) -> list:
         """The layers, oldest first: those no thread has started on loaded here, the others waited for."""
-        self.load()
-        return [f.result() for f in self.futures]
+        if self.futures:
+            self.load()
+        layers = self.layers
+        return [layer if layer is not None else self.futures[i].result() for i, layer in enumerate(layers)]  # type: ignore[union-attr]
 
     def fail(self) -> None:
         """Fail the layers no thread ever claimed (the feeding thread was interrupted)."""
-        for i, future in enumerate(self.futures):
-            if self._claim(i):
+        for i in self.futures:
+            future = self._claim(i)
+            if future is not None:
                 future.set_exception(FeatureLakeError("the read was interrupted before this file's update layers were loaded"))
 
 
