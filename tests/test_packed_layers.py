@@ -11,7 +11,9 @@ embedded lake and on S3 + REST where storage matters:
 * branches: a backfill on a branch merged into main reads right on both refs after GC;
 * a failed upload leaves the table readable and nothing of the failed commit behind;
 * mixed state: whole-file layers (the format before packing, also a state pack written by hand
-  with the old columns only) under packed layers read right.
+  with the old columns only) under packed layers read right;
+* a read decodes its layers of a shared file in one call: the layer cache keeps and evicts them
+  together, and one damaged row group fails (or, under a budget, skips) only its own data file.
 """
 from __future__ import annotations
 
@@ -312,3 +314,55 @@ def test_a_state_with_shared_files_says_format_3_and_a_newer_format_is_refused(l
     raw, _ = root(t.scan().state.root_path)
     assert raw["format"] == state.FORMAT == 2 and "shared" not in raw
     _check(t, oracle)
+
+
+def test_layers_decoded_together_are_cached_and_evicted_together():
+    """The layers of one shared file decoded in one call are slices of the same columns: the cache
+    keeps them as one (evicted together, counted at their own bytes; too big together: none kept)."""
+    cache = readfiles.SizedLRU(1000)
+    cache.put_all([(("f", 0), "a", 40), (("f", 1), "b", 40), (("f", 2), "c", 40)])
+    cache.put(("g", None), "d", 100)
+    assert cache.bytes == 220 and cache.get(("f", 1)) == "b"
+    for i in range(8):  # fill up: the oldest go first; touching one of a group keeps none of it alone
+        cache.put(("h", i), "e", 110)
+    assert all(cache.get(("f", i)) is None for i in range(3))
+    assert cache.bytes == sum(n for _, n in cache.items.values()) <= 1000 and not cache.groups
+    cache.put_all([(("f", 0), "a", 40), (("f", 1), "b", 40)])
+    cache.drop_if(lambda key: key == ("f", 1))  # forgetting one forgets what was decoded with it
+    assert cache.get(("f", 0)) is None and cache.bytes == sum(n for _, n in cache.items.values()) and not cache.groups
+    cache.put_all([(("f", 0), "a", 100), (("f", 1), "b", 100)])  # together over an eighth of the budget
+    assert cache.get(("f", 0)) is None and cache.get(("f", 1)) is None
+
+
+def test_a_damaged_row_group_of_a_shared_file_fails_only_its_own_data_file(lake):
+    """A first read decodes all its layers of a shared file in one call; when one row group is
+    damaged (positions out of order), only the data file of that layer fails (or is skipped under a
+    budget), the others read right."""
+    t, oracle = _table(lake)
+    rng = np.random.default_rng(17)
+    ids = np.sort(rng.choice(N, 600, replace=False))
+    _backfill(t, oracle, "x", ids, rng.standard_normal(600))
+    (shared,) = _files(t)
+    path = shared.replace("file://", "")
+    f = pq.ParquetFile(path)
+    groups = [f.read_row_group(i) for i in range(f.num_row_groups)]
+    assert len(groups) == FILES
+    bad = 1
+    groups[bad] = groups[bad].take(pa.array(np.arange(groups[bad].num_rows)[::-1].copy()))
+    with pq.ParquetWriter(path + ".tmp", f.schema_arrow) as out:
+        for g in groups:
+            out.write_table(g, row_group_size=g.num_rows)
+    import os
+
+    os.replace(path + ".tmp", path)
+    readfiles.forget_files([shared])
+    from featurelake.errors import CorruptFileError
+
+    with pytest.raises(CorruptFileError, match="out of order"):
+        t.read()
+    readfiles.forget_files([shared])
+    with pytest.warns(UserWarning, match="skipping bad file"):
+        got = t.read(max_bad_file_ratio=0.25).to_pandas().set_index("id").sort_index()
+    assert t.last_read_report.skipped_rows == PER_FILE and len(got) == N - PER_FILE
+    expected = oracle.drop(index=range(bad * PER_FILE, (bad + 1) * PER_FILE))
+    pd.testing.assert_frame_equal(got[list(oracle.columns)], expected.sort_index(), check_dtype=False)
