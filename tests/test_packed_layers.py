@@ -366,3 +366,27 @@ def test_a_damaged_row_group_of_a_shared_file_fails_only_its_own_data_file(lake)
     assert t.last_read_report.skipped_rows == PER_FILE and len(got) == N - PER_FILE
     expected = oracle.drop(index=range(bad * PER_FILE, (bad + 1) * PER_FILE))
     pd.testing.assert_frame_equal(got[list(oracle.columns)], expected.sort_index(), check_dtype=False)
+
+
+@both_backends
+def test_value_columns_without_nulls_are_stored_required_and_with_nulls_optional(backend):
+    """An update file stores a value column with no null in any of its layers as a required Parquet
+    column (decoded without definition levels); one null anywhere makes it optional for the file.
+    Either way the table reads like the oracle, first read and cached."""
+    t, oracle = _table(backend.lake, "ns.required")
+    rng = np.random.default_rng(29)
+    ids = np.sort(rng.choice(N, 300, replace=False))
+    _backfill(t, oracle, "x", ids, rng.standard_normal(300))
+    with_null = pa.array(rng.standard_normal(200), mask=np.arange(200) == 150)  # one null, in one data file's layer
+    more = np.sort(rng.choice(N, 200, replace=False))
+    t.backfill(pa.table({"id": pa.array(more, pa.int64()), "x": with_null}))
+    oracle.loc[more, "x"] = with_null.to_numpy(zero_copy_only=False)
+    first, second = (sorted({e.update_file for e in t.scan().state.entries() if e.seq == seq}) for seq in (1, 2))
+    assert len(first) == len(second) == 1
+    schemas = [backend.parquet(f[0]).schema_arrow for f in (first, second)]
+    assert not schemas[0].field("x").nullable and schemas[1].field("x").nullable
+    assert backend.parquet(first[0]).metadata.num_row_groups == FILES
+    for _ in range(2):
+        readfiles.forget_files(first + second)
+        _check(t, oracle)
+        _check(t, oracle)
