@@ -371,7 +371,7 @@ class Scan(LayerLoading):
     ) -> "list[pa.RecordBatch] | Callable[[], list[pa.RecordBatch] | None] | None":
         """Read a whole file; None when it is bad and the budget allows skipping it.
 
-        With ``ready`` (a planned read's :meth:`_LayerSlot.ready`): when the file's base is decoded
+        With ``ready`` (a planned read's :meth:`layerplan.LayerSlot.ready`): when the file's base is decoded
         before another thread has finished loading its layers, this thread does not wait for them:
         it returns a call that merges them later (the caller, once it has fed the layers), and goes
         on to its next data file.
@@ -395,6 +395,7 @@ class Scan(LayerLoading):
             return self._skip(task, budget, e)
 
     def _merged_all(self, path: str, bases: list, layers: list) -> list[pa.RecordBatch]:
+        """:meth:`_merged` of each of a data file's decoded batches (``bases``: :meth:`_read_columns`'), in order."""
         out, start = [], 0
         for base, _, owned in bases:
             out.append(self._merged(path, base, layers, start, owned))
