@@ -15,6 +15,7 @@ import threading
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Callable
 
+from featurelake import readfiles
 from featurelake.errors import FeatureLakeError
 from featurelake.state import UpdateEntry
 
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
     from pyiceberg.table import FileScanTask
 
     from featurelake.layerload import LayerLoading
+
+GROUP_BYTES = 8 << 20  # stored bytes of a shared file's layers decoded by one call (the size a shared file is read whole below)
 
 
 def plan_layers(
@@ -164,7 +167,8 @@ def _settle(future: Future, load: Callable, entry: UpdateEntry) -> None:
 
 def _load_together(scan: "LayerLoading", plan: _Plan, together: "list[tuple[LayerSlot, int]]") -> None:
     """Claim the layers of one shared update file that no thread has claimed yet, and load them in
-    one call; when that fails, one by one (each data file then gets its own layer's error)."""
+    as few calls as :func:`_chunks` allows; a call that fails is redone layer by layer (each data file
+    then gets its own layer's error)."""
     with plan.claims:
         mine = [(slot, i) for slot, i in together if slot.futures[i] is None]
         for slot, i in mine:
@@ -173,20 +177,39 @@ def _load_together(scan: "LayerLoading", plan: _Plan, together: "list[tuple[Laye
         return
     futures: list[Future] = [slot.futures[i] for slot, i in mine]  # type: ignore[misc]
     try:
-        try:
-            layers = scan._load_parts([slot.wanted[i] for slot, i in mine]) if len(mine) > 1 else None
-        except Exception:
-            layers = None
-        if layers is not None:
-            for future, layer in zip(futures, layers):
-                future.set_result(layer)
-            return
-        for future, (slot, i) in zip(futures, mine):
-            _settle(future, scan._load_layer, slot.wanted[i])
+        for chunk in _chunks(mine):
+            entries = [slot.wanted[i] for slot, i in chunk]
+            try:
+                layers = scan._load_parts(entries) if len(chunk) > 1 else None
+            except Exception:
+                layers = None
+            for k, (slot, i) in enumerate(chunk):
+                if layers is not None:
+                    slot.futures[i].set_result(layers[k])  # type: ignore[union-attr]
+                else:
+                    _settle(slot.futures[i], scan._load_layer, entries[k])  # type: ignore[arg-type]
     finally:  # interrupted: nobody waits forever on the layers claimed here
         for future in futures:
             if not future.done():
                 future.set_exception(_interrupted())
+
+
+def _chunks(claimed: "list[tuple[LayerSlot, int]]") -> "list[list[tuple[LayerSlot, int]]]":
+    """``claimed`` in runs decoded by one call each: up to :data:`GROUP_BYTES` stored bytes a run, and
+    at most a 32nd of the layer cache's budget, so that the layer cache keeps each run (it keeps
+    nothing above an eighth of its budget, and decoded values take up to ~4x their stored bytes)."""
+    budget = readfiles.LAYERS.budget
+    limit = min(GROUP_BYTES, budget // 32) if budget else GROUP_BYTES  # no cache: nothing to keep, one call pays anyway
+    runs: list[list] = []
+    used = limit + 1
+    for slot, i in claimed:
+        size = slot.wanted[i].bytes or 0
+        if used + size > limit:
+            runs.append([])
+            used = 0
+        runs[-1].append((slot, i))
+        used += size
+    return runs
 
 
 def fail_unfed(slots: "list[LayerSlot]") -> None:

@@ -390,3 +390,21 @@ def test_value_columns_without_nulls_are_stored_required_and_with_nulls_optional
         readfiles.forget_files(first + second)
         _check(t, oracle)
         _check(t, oracle)
+
+
+def test_a_shared_files_layers_are_decoded_in_runs_the_layer_cache_keeps(monkeypatch):
+    """Layers decoded by one call are kept only together, so a run takes at most GROUP_BYTES stored
+    bytes and a 32nd of the cache's budget: a large shared file's layers stay cached in runs."""
+    from types import SimpleNamespace
+
+    from featurelake import layerplan
+
+    slot = SimpleNamespace(wanted=[SimpleNamespace(bytes=b) for b in (3 << 20, 3 << 20, 3 << 20, 1 << 20, 20 << 20, 1)])
+    claimed = [(slot, i) for i in range(6)]
+    runs = lambda: [[i for _, i in run] for run in layerplan._chunks(claimed)]  # noqa: E731
+    monkeypatch.setattr(readfiles, "LAYERS", readfiles.SizedLRU(1 << 30))
+    assert runs() == [[0, 1], [2, 3], [4], [5]]  # 8 MiB a run; a layer above it alone
+    monkeypatch.setattr(readfiles, "LAYERS", readfiles.SizedLRU(128 << 20))
+    assert runs() == [[0], [1], [2, 3], [4], [5]]  # a 32nd of 128 MiB: 4 MiB a run
+    monkeypatch.setattr(readfiles, "LAYERS", readfiles.SizedLRU(0))
+    assert runs() == [[0, 1], [2, 3], [4], [5]]  # nothing kept: as large as a run goes
