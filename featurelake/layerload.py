@@ -20,7 +20,6 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -30,7 +29,8 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask
 
 from featurelake import openfiles, readfiles
-from featurelake.errors import CorruptFileError, FeatureLakeError
+from featurelake.errors import CorruptFileError
+from featurelake.layerplan import LayerSlot, fail_unfed, plan_layers
 from featurelake.state import PlatformState, UpdateEntry
 from featurelake.storage import open_remote
 
@@ -87,32 +87,15 @@ class LayerLoading:
         futures = [pool.submit(self._load_layer, e) for e in wanted]
         return lambda: [f.result() for f in futures]
 
-    def _plan_layers(self, tasks: list[FileScanTask]) -> "tuple[list[_LayerSlot], list[Callable[[], list]]]":
-        """Per task, a call returning its layers (:class:`_LayerSlot`), and the slots for :meth:`_feed_layers`.
+    def _plan_layers(
+        self, tasks: list[FileScanTask]
+    ) -> "tuple[list[LayerSlot], list[Callable[[], list]], list[Callable[[], bool] | None]]":
+        """Per task, a call returning its layers and a call saying whether they are there to take
+        (None: always), and the slots of the layers still to load for :meth:`_feed_layers`
+        (:func:`layerplan.plan_layers`)."""
+        return plan_layers(self, tasks)
 
-        A data file whose update files cannot even be listed (a damaged state shard) gets a call that
-        raises that error, so it fails (or is skipped under the budget) as its read would have.
-        """
-        slots: list[_LayerSlot] = []
-        pendings: list[Callable[[], list]] = []
-        claims = threading.Lock()
-        for t in tasks:
-            try:
-                wanted = self._wanted(t.file.file_path)
-            except Exception as e:
-                failed: Future = Future()
-                failed.set_exception(e)
-                pendings.append(failed.result)
-                continue
-            if not wanted:
-                pendings.append(_no_layers)
-                continue
-            slot = _LayerSlot(self, wanted, claims)
-            slots.append(slot)
-            pendings.append(slot.get)
-        return slots, pendings
-
-    def _feed_layers(self, slots: "list[_LayerSlot]") -> None:
+    def _feed_layers(self, slots: "list[LayerSlot]") -> None:
         """Load each planned file's layers on this thread, in plan order, while the reader threads
         decode the data files (a first read: loading update files costs about as much as decoding
         the base, and this thread would otherwise only wait). A reader thread that finishes its base
@@ -128,6 +111,7 @@ class LayerLoading:
             fail_unfed(slots)
 
     def _load_layer(self, entry: UpdateEntry) -> tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]:
+        """One update layer (entry, positions or None, values): from the layer cache, else decoded and kept there."""
         ids = tuple(i for i in entry.field_ids if i in self.read_ids)
         for attempt in range(_CHANGED_RETRIES + 1):
             key, file_key = self._layer_key(entry, ids)
@@ -138,20 +122,35 @@ class LayerLoading:
                 pos, batch = self._decode_layer(entry, ids, file_key)
                 break
             except openfiles.FileChangedError:  # replaced between the stat and the open (tests, other tools): stat again
+                self._shared_files.keys.pop(file_key[0], None)  # type: ignore[index]
                 if attempt == _CHANGED_RETRIES:
                     raise CorruptFileError(f"file {entry.update_file} keeps changing while it is read", entry.update_file)
         readfiles.LAYERS.put(key, (pos, batch), batch.get_total_buffer_size() + (pos.nbytes if pos is not None else 0))
         return entry, pos, batch
 
+    def _cached_layer(self, entry: UpdateEntry) -> tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch] | None:
+        """The layer of ``entry`` when the layer cache holds it (None: it has to be loaded); CorruptFileError
+        when its local update file is gone."""
+        key, _ = self._layer_key(entry, tuple(i for i in entry.field_ids if i in self.read_ids))
+        found = readfiles.LAYERS.get(key)
+        return None if found is None else (entry, found[0], found[1])
+
     def _layer_key(self, entry: UpdateEntry, ids: tuple[int, ...]) -> tuple[tuple, tuple | None]:
         """What identifies a decoded layer: the update file (local: its size, mtime and inode too) and
-        the columns; and a local file's :func:`openfiles.file_key` (None on an object store)."""
+        the columns; and a local file's :func:`openfiles.file_key` (None on an object store).
+
+        A local file is stat'ed once per read (:attr:`SharedFiles.keys`), not once per layer: a shared
+        file holds a layer of every data file of its commit. A file replaced since is caught where it
+        is opened (FileChangedError: :meth:`_load_layer` stats it again)."""
         fs, fs_path = self._resolve(entry.update_file)
         if isinstance(fs, pafs.LocalFileSystem):
-            try:
-                file_key = openfiles.file_key(fs_path)
-            except FileNotFoundError as e:
-                raise CorruptFileError(f"file {entry.update_file} is missing", entry.update_file) from e
+            keys = self._shared_files.keys
+            file_key = keys.get(fs_path)
+            if file_key is None:
+                try:
+                    file_key = keys[fs_path] = openfiles.file_key(fs_path)
+                except FileNotFoundError as e:
+                    raise CorruptFileError(f"file {entry.update_file} is missing", entry.update_file) from e
             return file_key + (ids, entry.dense, entry.row_group), file_key
         return (self._io_key, type(fs).__name__, fs_path, entry.file_size, ids, entry.dense, entry.row_group), None
 
@@ -166,10 +165,7 @@ class LayerLoading:
         call and parsed from memory (:func:`_open_small`), its columns read one by one when flat
         (:func:`_decode_flat`); others through a kept-open reader.
         """
-        requested = self._layer_schemas.get(ids)
-        if requested is None:
-            requested = self._layer_schemas[ids] = Schema(*[f for f in self.read_schema.fields if f.field_id in ids])
-        target = self._target(requested)
+        requested, target = self._requested(ids)
         path = entry.update_file
         extra_ids = () if entry.dense else (POS_FIELD_ID,)
         if entry.row_group is not None:
@@ -192,6 +188,83 @@ class LayerLoading:
             raise CorruptFileError(f"file {path} is corrupt: {e}", path) from e
         # both reads return the columns in the order asked for, so _pos follows the values (by index: a lookup by name costs more)
         return _checked(entry, values, raw.column(len(columns)) if extra else None)
+
+    def _requested(self, ids: tuple[int, ...]) -> tuple[Schema, pa.Schema]:
+        """The read schema's columns ``ids`` (a layer's), in Iceberg and in Arrow; worked out once per read."""
+        requested = self._layer_schemas.get(ids)
+        if requested is None:
+            requested = self._layer_schemas[ids] = Schema(*[f for f in self.read_schema.fields if f.field_id in ids])
+        return requested, self._target(requested)
+
+    def _load_parts(self, entries: list[UpdateEntry]) -> list[tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]]:
+        """The layers of several row groups of one local shared update file (one commit's layers: the
+        same columns), decoded in one call and kept in the layer cache together.
+
+        Why: a first read needs a shared file's layer for every data file, and loading them one by one
+        costs a Parquet call, a check and a hand-over of the GIL each, on the thread that feeds the
+        readers while they decode the data files; one call decodes them all at once. The layers are
+        slices of the decoded columns, so they are kept and evicted together
+        (:meth:`readfiles.SizedLRU.put_all`). Raises on any damage; the caller then loads them one by
+        one (:meth:`_load_layer`), so that each data file gets its own layer's error.
+        """
+        first = entries[0]
+        ids = tuple(i for i in first.field_ids if i in self.read_ids)
+        for attempt in range(_CHANGED_RETRIES + 1):
+            _, file_key = self._layer_key(first, ids)
+            if file_key is None:
+                raise ValueError("only local shared update files are decoded together")
+            try:
+                return self._decode_parts(entries, ids, file_key)
+            except openfiles.FileChangedError:
+                self._shared_files.keys.pop(file_key[0], None)
+                if attempt == _CHANGED_RETRIES:
+                    raise CorruptFileError(f"file {first.update_file} keeps changing while it is read", first.update_file)
+        raise AssertionError("unreachable")
+
+    def _decode_parts(
+        self, entries: list[UpdateEntry], ids: tuple[int, ...], file_key: tuple
+    ) -> list[tuple[UpdateEntry, np.ndarray | None, pa.RecordBatch]]:
+        """:meth:`_load_parts` of one version of the file (``file_key``): checked, decoded, sliced, kept."""
+        first = entries[0]
+        path = first.update_file
+        requested, target = self._requested(ids)
+        extra_ids = () if first.dense else (POS_FIELD_ID,)
+        shared = self._shared_files.open((path, file_key), lambda: self._open_shared(first, file_key))
+        reader = shared.reader
+        if isinstance(reader, readfiles.RemoteParquet):
+            raise ValueError("only local shared update files are decoded together")
+        rows = [e.rows for e in entries]
+        try:
+            with shared.lock:  # one Parquet reader: read from one thread at a time
+                projected, columns, extra, leaves, _ = readfiles.leaf_projection(reader, frozenset(ids), extra_ids)
+                metadata = reader.metadata
+                for e in entries:  # each layer's rows where the state says: slices of the whole line up
+                    _check_row_group(e, metadata.num_row_groups)
+                    if metadata.row_group(e.row_group).num_rows != e.rows:
+                        raise CorruptFileError(f"row group {e.row_group} of {path} does not hold its layer's {e.rows} rows", path)
+                table = reader.read_row_groups([e.row_group for e in entries], column_indices=leaves, use_threads=False)
+            if table.num_rows != sum(rows):
+                raise CorruptFileError(f"row groups of {path} hold {table.num_rows} rows, their layers {sum(rows)}", path)
+            arrays = [c.chunk(0) if c.num_chunks == 1 else c.combine_chunks() for c in table.columns]
+            values = readfiles.conform_arrays(arrays[: len(columns)], table.num_rows, projected, requested, target, columns)
+        except (OSError, pa.ArrowInvalid) as e:
+            raise CorruptFileError(f"file {path} is corrupt: {e}", path) from e
+        if first.dense:
+            pos = None
+        elif not extra:
+            raise CorruptFileError(f"update file {path} has no row positions (_pos)", path)
+        else:
+            pos = _positions(arrays[len(columns)], path, rows)
+        layers, kept, start = [], [], 0
+        for e, n in zip(entries, rows):
+            part_values = values.slice(start, n)
+            part_pos = None if pos is None else pos[start : start + n]
+            start += n
+            layers.append((e, part_pos, part_values))
+            kept.append((file_key + (ids, e.dense, e.row_group), (part_pos, part_values),
+                         part_values.nbytes + (0 if part_pos is None else part_pos.nbytes)))
+        readfiles.LAYERS.put_all(kept)
+        return layers
 
     def _decode_part(
         self, entry: UpdateEntry, ids: frozenset[int], extra_ids: tuple[int, ...], requested: Schema, target: pa.Schema,
@@ -294,7 +367,9 @@ class _Shared:
 class SharedFiles:
     """The shared update files one read has opened (each once, whichever thread gets there first),
     the last :data:`SHARED_OPEN` of them kept: a read meets a shared file's layers data file after
-    data file, so an evicted one is rarely needed again (and is then opened again).
+    data file, so an evicted one is rarely needed again (and is then opened again). Also the
+    version (:func:`openfiles.file_key`) of each local update file the read has looked at
+    (``keys``): each is stat'ed once per read.
 
     Pickles as empty (a read shipped to another process opens its own).
     """
@@ -302,6 +377,7 @@ class SharedFiles:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.files: "OrderedDict[tuple, _Shared]" = OrderedDict()
+        self.keys: dict[str, tuple] = {}
 
     def __reduce__(self):
         return (SharedFiles, ())
@@ -390,73 +466,26 @@ def _checked(entry: UpdateEntry, values: pa.RecordBatch, pos_column: pa.Array | 
     return _positions(pos_column, path), values
 
 
-def _positions(column: pa.Array, path: str) -> np.ndarray:
+def _positions(column: pa.Array, path: str, rows: "list[int] | None" = None) -> np.ndarray:
     """A sparse layer's row positions as int64, checked: null, negative or out-of-order ones are a
     CorruptFileError (the overlay finds a batch's rows by binary search: positions out of order would
-    put values on wrong rows)."""
+    put values on wrong rows). ``rows``: the column holds several layers' positions one after the
+    other, that many each; each layer's are checked on their own (one pass for all of them)."""
     data = column.buffers()[1] if column.type == _INT64 and not column.null_count else None
     pos = (np.frombuffer(data, dtype=np.int64, count=column.offset + len(column))[column.offset:]
            if data is not None else column.to_numpy(zero_copy_only=False))
-    if column.null_count or (len(pos) > 1 and not bool(np.all(pos[1:] > pos[:-1]))) or (len(pos) and pos[0] < 0):
+    bad = bool(column.null_count)
+    if not bad and len(pos) > 1:
+        rising = pos[1:] > pos[:-1]
+        if rows is not None and len(rows) > 1:
+            starts = np.cumsum(rows[:-1])
+            rising[starts[(starts > 0) & (starts < len(pos))] - 1] = True  # a layer starts anew after the one before it
+        bad = not bool(rising.all())
+    if not bad and len(pos):
+        if rows is None or len(rows) < 2:
+            bad = bool(pos[0] < 0)
+        else:  # each layer's lowest position is its first
+            bad = bool((pos[np.cumsum([0] + rows[:-1])[np.asarray(rows) > 0]] < 0).any())
+    if bad:
         raise CorruptFileError(f"update file {path} has row positions that are null, negative or out of order", path)
     return pos
-
-
-def _no_layers() -> list:
-    return []
-
-
-class _LayerSlot:
-    """One data file's update layers, each loaded once by whichever thread claims it first: the
-    calling thread feeding them in plan order, or the reader thread that needs them (:meth:`get`).
-
-    Claims are per update file, so a reader thread waits at most for the one file another thread
-    is decoding at that moment, never for a whole data file's worth queued behind it.
-    """
-
-    __slots__ = ("scan", "wanted", "claims", "claimed", "futures")
-
-    def __init__(self, scan: "LayerLoading", wanted: list[UpdateEntry], claims: threading.Lock) -> None:
-        self.scan = scan
-        self.wanted = wanted
-        self.claims = claims  # one lock per read: claiming is a flag flip
-        self.claimed = [False] * len(wanted)
-        self.futures: list[Future] = [Future() for _ in wanted]
-
-    def _claim(self, i: int) -> bool:
-        with self.claims:
-            if self.claimed[i]:
-                return False
-            self.claimed[i] = True
-            return True
-
-    def load(self) -> None:
-        """Load the layers no other thread claimed; errors go to whoever waits on them."""
-        for i, entry in enumerate(self.wanted):
-            if not self._claim(i):
-                continue
-            try:
-                layer = self.scan._load_layer(entry)
-            except BaseException as e:  # whoever waits gets it; an interrupt still interrupts this thread
-                self.futures[i].set_exception(e)
-                if not isinstance(e, Exception):
-                    raise
-            else:
-                self.futures[i].set_result(layer)
-
-    def get(self) -> list:
-        """The layers, oldest first: those no thread has started on loaded here, the others waited for."""
-        self.load()
-        return [f.result() for f in self.futures]
-
-    def fail(self) -> None:
-        """Fail the layers no thread ever claimed (the feeding thread was interrupted)."""
-        for i, future in enumerate(self.futures):
-            if self._claim(i):
-                future.set_exception(FeatureLakeError("the read was interrupted before this file's update layers were loaded"))
-
-
-def fail_unfed(slots: "list[_LayerSlot]") -> None:
-    """Fail the slots nobody claimed (the feeding thread was interrupted: no reader waits forever)."""
-    for slot in slots:
-        slot.fail()

@@ -18,6 +18,7 @@ to ``true`` before planning (featurelake.filters) and checked on merged values a
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -43,7 +44,8 @@ from featurelake.columns import is_hidden, original_name
 from featurelake.errors import CorruptFileError, FeatureLakeError, SchemaMismatchError
 from featurelake.filters import bind_filter, referenced_ids, relax_stale
 from featurelake.guard import manifest_errors
-from featurelake.layerload import POS_FIELD_ID, REMOTE_THREADS, LayerLoading, SharedFiles, fail_unfed
+from featurelake.layerload import POS_FIELD_ID, REMOTE_THREADS, LayerLoading, SharedFiles
+from featurelake.layerplan import fail_unfed
 from featurelake.overlay import apply_layers
 from featurelake.schema import LOCATOR_FILE, LOCATOR_POS, arrow_schema
 from featurelake.lru import LRU
@@ -351,28 +353,63 @@ class Scan(LayerLoading):
         ):
             if layers is None:  # fetched (object store) or loaded (calling thread) while the data file was
                 layers = pending()
-            n = base.num_rows
-            merged = apply_layers(base, layers, start, owned) if layers else base
-            if self.with_locator:
-                merged = _with_locator(merged, path, start)
-            start += n
-            if self.arrow_filter is not None:
-                merged = merged.filter(self.arrow_filter)
-            yield self._output(merged)
+            yield self._merged(path, base, layers, start, owned)
+            start += base.num_rows
+
+    def _merged(self, path: str, base: pa.RecordBatch, layers: list, start: int, owned: frozenset[str]) -> pa.RecordBatch:
+        """Rows [start, start + n) of data file ``path`` (``base``) with its layers applied, filtered, projected."""
+        merged = apply_layers(base, layers, start, owned) if layers else base
+        if self.with_locator:
+            merged = _with_locator(merged, path, start)
+        if self.arrow_filter is not None:
+            merged = merged.filter(self.arrow_filter)
+        return self._output(merged)
 
     def _guarded(
-        self, task: FileScanTask, budget: int, whole: bool = False, pending: "Callable[[], list] | None" = None
-    ) -> list[pa.RecordBatch] | None:
-        """Read a whole file; None when it is bad and the budget allows skipping it."""
+        self, task: FileScanTask, budget: int, whole: bool = False, pending: "Callable[[], list] | None" = None,
+        ready: "Callable[[], bool] | None" = None,
+    ) -> "list[pa.RecordBatch] | Callable[[], list[pa.RecordBatch] | None] | None":
+        """Read a whole file; None when it is bad and the budget allows skipping it.
+
+        With ``ready`` (a planned read's :meth:`layerplan.LayerSlot.ready`): when the file's base is decoded
+        before another thread has finished loading its layers, this thread does not wait for them:
+        it returns a call that merges them later (the caller, once it has fed the layers), and goes
+        on to its next data file.
+        """
         try:
-            return list(self.read_file(task, whole, pending))
+            if ready is None:
+                return list(self.read_file(task, whole, pending))
+            path = task.file.file_path
+            bases = list(self._read_columns(path, self.read_schema, batch_size=0, size=task.file.file_size_in_bytes))
+            if not ready():
+                return functools.partial(self._finish, task, budget, bases, pending)
+            return self._merged_all(path, bases, pending())  # type: ignore[misc]
         except CorruptFileError as e:
-            if len(self.report.skipped_files) < budget:
-                self.report.skipped_files.append(task.file.file_path)
-                self.report.skipped_rows += task.file.record_count
-                warnings.warn(f"skipping bad file ({len(self.report.skipped_files)}/{budget} allowed): {e}", stacklevel=3)
-                return None
-            raise
+            return self._skip(task, budget, e)
+
+    def _finish(self, task: FileScanTask, budget: int, bases: list, pending: "Callable[[], list]") -> list[pa.RecordBatch] | None:
+        """A deferred file of :meth:`_guarded`: its layers (loaded by now) applied to its decoded bases."""
+        try:
+            return self._merged_all(task.file.file_path, bases, pending())
+        except CorruptFileError as e:
+            return self._skip(task, budget, e)
+
+    def _merged_all(self, path: str, bases: list, layers: list) -> list[pa.RecordBatch]:
+        """:meth:`_merged` of each of a data file's decoded batches (``bases``: :meth:`_read_columns`'), in order."""
+        out, start = [], 0
+        for base, _, owned in bases:
+            out.append(self._merged(path, base, layers, start, owned))
+            start += base.num_rows
+        return out
+
+    def _skip(self, task: FileScanTask, budget: int, error: CorruptFileError) -> None:
+        """Skip a bad file when the budget allows it (None), else raise ``error``."""
+        if len(self.report.skipped_files) < budget:
+            self.report.skipped_files.append(task.file.file_path)
+            self.report.skipped_rows += task.file.record_count
+            warnings.warn(f"skipping bad file ({len(self.report.skipped_files)}/{budget} allowed): {error}", stacklevel=4)
+            return None
+        raise error
 
     def _budget(self, tasks: list[FileScanTask]) -> int:
         return int(self.max_bad_file_ratio * len(tasks) + 1e-9)
@@ -394,12 +431,15 @@ class Scan(LayerLoading):
         else:
             # Locally, the update layers are loaded on this thread while the reader threads decode the
             # data files (see _feed_layers); on an object store each reader fetches its own, in parallel.
-            fed, pendings = self._plan_layers(tasks) if local else ([], [None] * len(tasks))
+            fed, pendings, readies = self._plan_layers(tasks) if local else ([], [None] * len(tasks), [None] * len(tasks))
             own = None if shared is not None else ThreadPoolExecutor(max_workers=min(threads or 2, len(tasks)))
             try:
-                jobs = [(shared or own).submit(self._guarded, t, budget, True, p) for t, p in zip(tasks, pendings)]
+                jobs = [(shared or own).submit(self._guarded, t, budget, True, p, r) for t, p, r in zip(tasks, pendings, readies)]
                 self._feed_layers(fed)
-                results = [j.result() for j in jobs]
+                results = []
+                for j in jobs:  # a file whose layers were still loading when its base was decoded is merged here
+                    r = j.result()
+                    results.append(r() if callable(r) else r)
             finally:
                 fail_unfed(fed)  # an interrupted read: no reader thread waits forever
                 if own is not None:

@@ -25,7 +25,7 @@ import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -180,13 +180,19 @@ _FOOTERS = LRU(4096)
 
 
 class SizedLRU:
-    """An LRU of values with a byte budget; values above an eighth of the budget are not kept."""
+    """An LRU of values with a byte budget; values above an eighth of the budget are not kept.
+
+    Values put together by :meth:`put_all` (views of buffers decoded in one call: the layers of a
+    shared update file) are kept and evicted together: one of them kept alone would keep the
+    others' bytes alive while counting only its own.
+    """
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
         self.items: OrderedDict = OrderedDict()
         self.bytes = 0
         self.lock = threading.Lock()
+        self.groups: dict = {}  # key -> the keys put with it (put_all)
 
     def get(self, key):
         with self.lock:
@@ -204,13 +210,47 @@ class SizedLRU:
                 return
             self.items[key] = (value, nbytes)
             self.bytes += nbytes
-            while self.bytes > self.budget and self.items:
-                _, (_, size) = self.items.popitem(last=False)
-                self.bytes -= size
+            self._evict()
+
+    def put_all(self, entries: "list[tuple[object, object, int]]") -> None:
+        """Keep (key, value, nbytes) entries as one: evicted together, not kept when together they
+        take over an eighth of the budget. Keys already kept stay as they are."""
+        if sum(n for _, _, n in entries) > self.budget // 8:
+            return
+        with self.lock:
+            added = tuple(key for key, _, _ in entries if key not in self.items)
+            for key, value, nbytes in entries:
+                if key in added and key not in self.items:
+                    self.items[key] = (value, nbytes)
+                    self.bytes += nbytes
+                    if len(added) > 1:
+                        self.groups[key] = added
+            self._evict()
+
+    def drop_if(self, condition: "Callable[[object], bool]") -> None:
+        """Forget the keys that meet ``condition`` (and whatever was put together with them)."""
+        with self.lock:
+            for key in [k for k in self.items if condition(k)]:
+                self._drop(key)
+
+    def _drop(self, key) -> None:
+        found = self.items.pop(key, None)
+        if found is not None:
+            self.bytes -= found[1]
+        for other in self.groups.pop(key, ()):
+            self.groups.pop(other, None)
+            found = self.items.pop(other, None)
+            if found is not None:
+                self.bytes -= found[1]
+
+    def _evict(self) -> None:
+        while self.bytes > self.budget and self.items:
+            self._drop(next(iter(self.items)))
 
     def clear(self) -> None:
         with self.lock:
             self.items.clear()
+            self.groups.clear()
             self.bytes = 0
 
 
@@ -289,9 +329,7 @@ def forget_files(locations: Iterable[str]) -> None:
     with _FOOTERS.lock:
         for key in [k for k in _FOOTERS.items if _names_path(k, paths)]:
             del _FOOTERS.items[key]
-    with LAYERS.lock:
-        for key in [k for k in LAYERS.items if _names_path(k, paths)]:
-            LAYERS.bytes -= LAYERS.items.pop(key)[1]
+    LAYERS.drop_if(lambda key: _names_path(key, paths))
 
 
 def forget_file(location: str) -> None:

@@ -251,29 +251,45 @@ class _Interrupt(BaseException):
 
 def test_an_interrupted_feed_leaves_no_reader_thread_waiting(lake, monkeypatch):
     import threading
+    import time
 
     from featurelake.layerload import LayerLoading
+    from featurelake.read import Scan
 
     rng = np.random.default_rng(13)
     t, oracle, backfill = _build(lake, rng)
     backfill("a", 0.2, pa.float32())
     backfill("b", 0.2, pa.int64())
-    original = LayerLoading._load_layer
     main = threading.get_ident()
     calls = []
 
-    def interrupted(self, entry):
-        if threading.get_ident() == main:
-            calls.append(entry)
-            if len(calls) == 2:
-                raise _Interrupt()
-        return original(self, entry)
+    def interrupting(original):  # the calling thread's first load (a layer, or a shared file's layers) is interrupted
+        def interrupted(self, entry):
+            if threading.get_ident() == main:
+                calls.append(entry)
+                if len(calls) == 1:
+                    raise _Interrupt()
+            return original(self, entry)
+        return interrupted
 
-    monkeypatch.setattr(LayerLoading, "_load_layer", interrupted)
+    def slow_bases(original):  # reader threads decode their data files slowly: the calling thread feeds first
+        def read_columns(self, *args, **kwargs):
+            if threading.get_ident() != main:
+                time.sleep(0.05)
+            yield from original(self, *args, **kwargs)
+        return read_columns
+
+    originals = {name: getattr(LayerLoading, name) for name in ("_load_layer", "_load_parts")}
+    for name, original in originals.items():
+        monkeypatch.setattr(LayerLoading, name, interrupting(original))
+    read_columns = Scan._read_columns
+    monkeypatch.setattr(Scan, "_read_columns", slow_bases(read_columns))
     readfiles.forget_files(_update_files(t))
     with pytest.raises(_Interrupt):
         t.read(columns=["id", "a", "b"])
-    monkeypatch.setattr(LayerLoading, "_load_layer", original)
+    for name, original in originals.items():
+        monkeypatch.setattr(LayerLoading, name, original)
+    monkeypatch.setattr(Scan, "_read_columns", read_columns)
     # the reader threads finished (the shared pool serves the next read) and nothing half-loaded was kept
     got = t.read(columns=["id", "a", "b"]).sort_by("id")
     assert got.equals(oracle.table(["id", "a", "b"]).cast(got.schema))

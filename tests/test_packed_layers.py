@@ -11,7 +11,9 @@ embedded lake and on S3 + REST where storage matters:
 * branches: a backfill on a branch merged into main reads right on both refs after GC;
 * a failed upload leaves the table readable and nothing of the failed commit behind;
 * mixed state: whole-file layers (the format before packing, also a state pack written by hand
-  with the old columns only) under packed layers read right.
+  with the old columns only) under packed layers read right;
+* a read decodes its layers of a shared file in one call: the layer cache keeps and evicts them
+  together, and one damaged row group fails (or, under a budget, skips) only its own data file.
 """
 from __future__ import annotations
 
@@ -312,3 +314,97 @@ def test_a_state_with_shared_files_says_format_3_and_a_newer_format_is_refused(l
     raw, _ = root(t.scan().state.root_path)
     assert raw["format"] == state.FORMAT == 2 and "shared" not in raw
     _check(t, oracle)
+
+
+def test_layers_decoded_together_are_cached_and_evicted_together():
+    """The layers of one shared file decoded in one call are slices of the same columns: the cache
+    keeps them as one (evicted together, counted at their own bytes; too big together: none kept)."""
+    cache = readfiles.SizedLRU(1000)
+    cache.put_all([(("f", 0), "a", 40), (("f", 1), "b", 40), (("f", 2), "c", 40)])
+    cache.put(("g", None), "d", 100)
+    assert cache.bytes == 220 and cache.get(("f", 1)) == "b"
+    for i in range(8):  # fill up: the oldest go first; touching one of a group keeps none of it alone
+        cache.put(("h", i), "e", 110)
+    assert all(cache.get(("f", i)) is None for i in range(3))
+    assert cache.bytes == sum(n for _, n in cache.items.values()) <= 1000 and not cache.groups
+    cache.put_all([(("f", 0), "a", 40), (("f", 1), "b", 40)])
+    cache.drop_if(lambda key: key == ("f", 1))  # forgetting one forgets what was decoded with it
+    assert cache.get(("f", 0)) is None and cache.bytes == sum(n for _, n in cache.items.values()) and not cache.groups
+    cache.put_all([(("f", 0), "a", 100), (("f", 1), "b", 100)])  # together over an eighth of the budget
+    assert cache.get(("f", 0)) is None and cache.get(("f", 1)) is None
+
+
+def test_a_damaged_row_group_of_a_shared_file_fails_only_its_own_data_file(lake):
+    """A first read decodes all its layers of a shared file in one call; when one row group is
+    damaged (positions out of order), only the data file of that layer fails (or is skipped under a
+    budget), the others read right."""
+    t, oracle = _table(lake)
+    rng = np.random.default_rng(17)
+    ids = np.sort(rng.choice(N, 600, replace=False))
+    _backfill(t, oracle, "x", ids, rng.standard_normal(600))
+    (shared,) = _files(t)
+    path = shared.replace("file://", "")
+    f = pq.ParquetFile(path)
+    groups = [f.read_row_group(i) for i in range(f.num_row_groups)]
+    assert len(groups) == FILES
+    bad = 1
+    groups[bad] = groups[bad].take(pa.array(np.arange(groups[bad].num_rows)[::-1].copy()))
+    with pq.ParquetWriter(path + ".tmp", f.schema_arrow) as out:
+        for g in groups:
+            out.write_table(g, row_group_size=g.num_rows)
+    import os
+
+    os.replace(path + ".tmp", path)
+    readfiles.forget_files([shared])
+    from featurelake.errors import CorruptFileError
+
+    with pytest.raises(CorruptFileError, match="out of order"):
+        t.read()
+    readfiles.forget_files([shared])
+    with pytest.warns(UserWarning, match="skipping bad file"):
+        got = t.read(max_bad_file_ratio=0.25).to_pandas().set_index("id").sort_index()
+    assert t.last_read_report.skipped_rows == PER_FILE and len(got) == N - PER_FILE
+    expected = oracle.drop(index=range(bad * PER_FILE, (bad + 1) * PER_FILE))
+    pd.testing.assert_frame_equal(got[list(oracle.columns)], expected.sort_index(), check_dtype=False)
+
+
+@both_backends
+def test_value_columns_without_nulls_are_stored_required_and_with_nulls_optional(backend):
+    """An update file stores a value column with no null in any of its layers as a required Parquet
+    column (decoded without definition levels); one null anywhere makes it optional for the file.
+    Either way the table reads like the oracle, first read and cached."""
+    t, oracle = _table(backend.lake, "ns.required")
+    rng = np.random.default_rng(29)
+    ids = np.sort(rng.choice(N, 300, replace=False))
+    _backfill(t, oracle, "x", ids, rng.standard_normal(300))
+    with_null = pa.array(rng.standard_normal(200), mask=np.arange(200) == 150)  # one null, in one data file's layer
+    more = np.sort(rng.choice(N, 200, replace=False))
+    t.backfill(pa.table({"id": pa.array(more, pa.int64()), "x": with_null}))
+    oracle.loc[more, "x"] = with_null.to_numpy(zero_copy_only=False)
+    first, second = (sorted({e.update_file for e in t.scan().state.entries() if e.seq == seq}) for seq in (1, 2))
+    assert len(first) == len(second) == 1
+    schemas = [backend.parquet(f[0]).schema_arrow for f in (first, second)]
+    assert not schemas[0].field("x").nullable and schemas[1].field("x").nullable
+    assert backend.parquet(first[0]).metadata.num_row_groups == FILES
+    for _ in range(2):
+        readfiles.forget_files(first + second)
+        _check(t, oracle)
+        _check(t, oracle)
+
+
+def test_a_shared_files_layers_are_decoded_in_runs_the_layer_cache_keeps(monkeypatch):
+    """Layers decoded by one call are kept only together, so a run takes at most GROUP_BYTES stored
+    bytes and a 32nd of the cache's budget: a large shared file's layers stay cached in runs."""
+    from types import SimpleNamespace
+
+    from featurelake import layerplan
+
+    slot = SimpleNamespace(wanted=[SimpleNamespace(bytes=b) for b in (3 << 20, 3 << 20, 3 << 20, 1 << 20, 20 << 20, 1)])
+    claimed = [(slot, i) for i in range(6)]
+    runs = lambda: [[i for _, i in run] for run in layerplan._chunks(claimed)]  # noqa: E731
+    monkeypatch.setattr(readfiles, "LAYERS", readfiles.SizedLRU(1 << 30))
+    assert runs() == [[0, 1], [2, 3], [4], [5]]  # 8 MiB a run; a layer above it alone
+    monkeypatch.setattr(readfiles, "LAYERS", readfiles.SizedLRU(128 << 20))
+    assert runs() == [[0], [1], [2, 3], [4], [5]]  # a 32nd of 128 MiB: 4 MiB a run
+    monkeypatch.setattr(readfiles, "LAYERS", readfiles.SizedLRU(0))
+    assert runs() == [[0, 1], [2, 3], [4], [5]]  # nothing kept: as large as a run goes
