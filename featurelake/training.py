@@ -67,9 +67,7 @@ with them shards are balanced in source rows, not in rows emitted.
 from __future__ import annotations
 
 import os
-import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -78,6 +76,7 @@ from pyiceberg.expressions import BooleanExpression
 
 from featurelake import placement, refs
 from featurelake.errors import FeatureLakeError, SchemaMismatchError
+from featurelake.readstats import EpochClock, ReadStats
 from featurelake.sampling import path_hash, row_uniforms
 from featurelake.shuffle import PERMUTE, Piece, Unit, WindowReader, prepare_permutations, shard, shuffle_quality, windows
 from featurelake.workpool import PriorityPool
@@ -339,31 +338,9 @@ class TrainingReader:
         stream = self._batches()
         if self.sequences or self.features:
             stream = self._joined(stream)
-        return self._timed(stream)
+        return self._clock.timed(stream)
 
-    def _timed(self, stream: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        """``stream``, counting the rows handed out and the time the consumer waited for each batch."""
-        clock = time.perf_counter
-        started = clock()
-        if self._epoch_started is None:
-            self._epoch_started = started
-        try:
-            while True:
-                t0 = clock()
-                batch = next(stream, None)
-                t1 = clock()
-                self._waited_s += t1 - t0
-                self._last_batch = t1
-                if batch is None:
-                    return
-                if self._first_batch_s is None:
-                    self._first_batch_s = t1 - started
-                self._rows_emitted += batch.num_rows
-                yield batch
-        finally:
-            stream.close()  # type: ignore[attr-defined]
-
-    def stats(self) -> "ReadStats":
+    def stats(self) -> ReadStats:
         """This epoch's reading as this process saw it: what was handed out, and how long the consumer waited.
 
         ``waited_s`` is the time spent inside the iterator, asking for batches
@@ -371,17 +348,10 @@ class TrainingReader:
         finished): next to ``elapsed_s``, it says whether training is bound
         by its input. A data-loader worker's reader keeps its own.
         """
-        elapsed = (self._last_batch - self._epoch_started) if self._epoch_started is not None and self._last_batch else 0.0
-        return ReadStats(epoch=self.epoch, batches=self.batches_emitted, rows=self._rows_emitted,
-                         waited_s=round(self._waited_s, 6), elapsed_s=round(max(elapsed, 0.0), 6),
-                         first_batch_s=None if self._first_batch_s is None else round(self._first_batch_s, 6))
+        return self._clock.stats(self.epoch, self.batches_emitted)
 
     def _reset_stats(self) -> None:
-        self._rows_emitted = 0
-        self._waited_s = 0.0
-        self._first_batch_s: float | None = None
-        self._epoch_started: float | None = None
-        self._last_batch = 0.0
+        self._clock = EpochClock()
 
     def _joined(self, stream: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from featurelake.sequences.featurejoin import apply_joins_batches
@@ -538,23 +508,6 @@ class TrainingReader:
         self._position = (window, int(rank) + 1)
         self.batches_emitted += 1
         return batch
-
-
-@dataclass(frozen=True)
-class ReadStats:
-    """One epoch of a :class:`TrainingReader` in this process (see :meth:`TrainingReader.stats`)."""
-
-    epoch: int
-    batches: int  # handed out this epoch (a resumed epoch counts those before the resume too)
-    rows: int  # handed out by this process
-    waited_s: float  # the consumer's time inside the iterator, waiting for batches
-    elapsed_s: float  # from the epoch's first request for a batch to its last batch
-    first_batch_s: float | None  # from the first request to the first batch (start-up: planning, first decodes)
-
-    @property
-    def waiting_share(self) -> float:
-        """``waited_s / elapsed_s``: near 1, training waits on its input; near 0, the input keeps ahead."""
-        return self.waited_s / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
 
 def _done(value: Any) -> Future:
